@@ -1,0 +1,1 @@
+"""FedMITR ClientApp: train the local ViT on this node's data and upload once."""

@@ -1,0 +1,78 @@
+"""What a client does: load its partition, train the local ViT, describe the upload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedmitr_core.config import FedMITRConfig
+from fedmitr_core.data import DatasetSplits, Split, load_dataset
+from fedmitr_core.models import build_vit, load_pretrained
+from fedmitr_core.partition import label_counts, partition_indices
+from fedmitr_core.training import resolve_device, set_seed, train_local
+
+
+@dataclass
+class ClientUpdate:
+    """A trained local model and what the client reports with it."""
+
+    state: dict[str, torch.Tensor]
+    num_examples: int
+    label_counts: np.ndarray
+    metrics: dict[str, Any]
+
+
+def initial_model(cfg: FedMITRConfig, splits: DatasetSplits) -> torch.nn.Module:
+    """The common starting point every client trains from (seeded, maybe pretrained)."""
+    set_seed(cfg.seed)
+    model = build_vit(cfg.model.model, splits.num_classes, splits.image_size, splits.in_chans,
+                      cfg.model.patch_size)
+    load_pretrained(model, cfg.model.pretrained)
+    return model
+
+
+def client_partition(cfg: FedMITRConfig, splits: DatasetSplits, partition_id: int,
+                     num_partitions: int) -> Split:
+    """This client's share of the training split."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"node config 'partition-id': expected 0..{num_partitions - 1}, "
+                         f"got {partition_id}")
+    idx = partition_indices(splits.train.labels.numpy(), cfg.partition, num_partitions,
+                            cfg.seed)[partition_id]
+    return splits.train.subset(idx)
+
+
+def train_client(cfg: FedMITRConfig, data: Split, num_classes: int,
+                 initial_state: dict[str, torch.Tensor], seed: int,
+                 image_size: int, in_chans: int) -> ClientUpdate:
+    """Train a local ViT from ``initial_state`` on ``data``."""
+    model = build_vit(cfg.model.model, num_classes, image_size, in_chans, cfg.model.patch_size)
+    model.load_state_dict(initial_state)
+    counts = label_counts(data.labels.numpy(), num_classes)
+    if len(data) == 0:
+        acc = float("nan")
+    else:
+        acc = train_local(model, data, cfg.client, resolve_device("cpu" if cfg.server.device
+                                                                  == "cpu" else "auto"), seed)
+    return ClientUpdate(
+        state={k: v.detach().cpu() for k, v in model.state_dict().items()},
+        num_examples=int(len(data)), label_counts=counts,
+        metrics={"local-train-accuracy": acc},
+    )
+
+
+def simulate_clients(cfg: FedMITRConfig, num_clients: int, splits: DatasetSplits | None = None
+                     ) -> tuple[DatasetSplits, list[ClientUpdate]]:
+    """Train every client in this process (what the ClientApps do, without Flower)."""
+    splits = splits or load_dataset(cfg.data, cfg.seed)
+    init = initial_model(cfg, splits).state_dict()
+    updates = []
+    for pid in range(num_clients):
+        data = client_partition(cfg, splits, pid, num_clients)
+        updates.append(train_client(cfg, data, splits.num_classes, init,
+                                    seed=cfg.seed * 1000 + pid, image_size=splits.image_size,
+                                    in_chans=splits.in_chans))
+    return splits, updates

@@ -1,0 +1,393 @@
+"""Typed run configuration, parsed and validated once from Flower's run config.
+
+Every run-config key is the kebab-case name of one field below
+(``local_epochs`` <-> ``local-epochs``). The defaults here are the defaults of
+``[tool.flwr.app.config]`` in ``pyproject.toml`` (a test keeps them equal).
+
+Precedence: dataclass defaults < a YAML preset (``preset=<name>``, loaded from
+``sim_configs/<name>.yaml``) < keys whose value differs from the default.
+Flower hands the app one merged dict, so a key passed explicitly with its
+default value cannot be told apart from the default; then the preset wins.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+DatasetName = Literal["digits", "cifar10", "cifar100", "imagefolder"]
+PartitionerName = Literal["dirichlet", "pathological", "iid"]
+Weighting = Literal["uniform", "samples", "class"]
+EnsembleForm = Literal["auto", "loop", "vmap"]
+DeviceName = Literal["auto", "cpu", "cuda"]
+InversionObjective = Literal["per-teacher", "mixture"]
+LowLabel = Literal["low-tokens", "full-image"]
+StudentInit = Literal["fedavg", "scratch"]
+
+SIM_CONFIGS_DIR = Path(__file__).resolve().parents[1] / "sim_configs"
+
+
+class ConfigError(ValueError):
+    """A run-config key has a value outside what it accepts."""
+
+
+def _fail(key: str, expected: str, value: Any) -> None:
+    raise ConfigError(f"run config key '{key}': expected {expected}, got {value!r}")
+
+
+def _check(ok: bool, key: str, expected: str, value: Any) -> None:
+    if not ok:
+        _fail(key, expected, value)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which dataset, where it lives and how it is split."""
+
+    dataset: DatasetName = "digits"
+    data_dir: str = "data"
+    download: bool = False
+    image_size: int = 16
+    val_fraction: float = 0.1
+    test_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        _check(self.image_size >= 4, "image-size", "an integer >= 4", self.image_size)
+        _check(0.0 <= self.val_fraction < 0.5, "val-fraction", "a float in [0, 0.5)",
+               self.val_fraction)
+        _check(0.0 < self.test_fraction < 0.9, "test-fraction", "a float in (0, 0.9)",
+               self.test_fraction)
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """How the training split is divided among clients (flwr-datasets partitioners)."""
+
+    partitioner: PartitionerName = "dirichlet"
+    alpha: float = 0.5
+    classes_per_client: int = 2
+    min_partition_size: int = 2
+
+    def __post_init__(self) -> None:
+        _check(self.alpha > 0 and math.isfinite(self.alpha), "alpha",
+               "a finite float > 0", self.alpha)
+        _check(self.classes_per_client >= 1, "classes-per-client", "an integer >= 1",
+               self.classes_per_client)
+        _check(self.min_partition_size >= 0, "min-partition-size", "an integer >= 0",
+               self.min_partition_size)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which ViT every client and the student use."""
+
+    model: str = "vit-micro"
+    patch_size: int = 4
+    pretrained: str = ""
+
+    def __post_init__(self) -> None:
+        from fedmitr_core.models import MODEL_PRESETS
+
+        _check(self.model in MODEL_PRESETS, "model", f"one of {sorted(MODEL_PRESETS)}",
+               self.model)
+        _check(self.patch_size >= 1, "patch-size", "an integer >= 1", self.patch_size)
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Local training on each client."""
+
+    local_epochs: int = 80
+    local_batch_size: int = 16
+    local_lr: float = 0.002
+    local_weight_decay: float = 0.05
+
+    def __post_init__(self) -> None:
+        _check(self.local_epochs >= 1, "local-epochs", "an integer >= 1", self.local_epochs)
+        _check(self.local_batch_size >= 1, "local-batch-size", "an integer >= 1",
+               self.local_batch_size)
+        _check(self.local_lr > 0, "local-lr", "a float > 0", self.local_lr)
+        _check(self.local_weight_decay >= 0, "local-weight-decay", "a float >= 0",
+               self.local_weight_decay)
+
+
+@dataclass(frozen=True)
+class InversionConfig:
+    """Model inversion of the client ensemble (sparse for FedMITR, dense for DI)."""
+
+    syn_images: int = 400
+    syn_batch_size: int = 200
+    inv_iterations: int = 60
+    inv_lr: float = 0.25
+    inv_beta1: float = 0.5
+    inv_beta2: float = 0.99
+    inv_tv: float = 1e-3
+    inv_l2: float = 1e-5
+    inv_jitter: int = 1
+    inv_flip: bool = False
+    inv_objective: InversionObjective = "per-teacher"
+    prune_at: tuple[float, ...] = (0.1, 0.2)
+    prune_ratio: float = 0.3
+    keep_ratio: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check(self.syn_images >= 1, "syn-images", "an integer >= 1", self.syn_images)
+        _check(self.syn_batch_size >= 1, "syn-batch-size", "an integer >= 1",
+               self.syn_batch_size)
+        _check(self.inv_iterations >= 1, "inv-iterations", "an integer >= 1",
+               self.inv_iterations)
+        _check(self.inv_lr > 0, "inv-lr", "a float > 0", self.inv_lr)
+        _check(0 <= self.inv_beta1 < 1, "inv-beta1", "a float in [0, 1)", self.inv_beta1)
+        _check(0 <= self.inv_beta2 < 1, "inv-beta2", "a float in [0, 1)", self.inv_beta2)
+        _check(self.inv_tv >= 0, "inv-tv", "a float >= 0", self.inv_tv)
+        _check(self.inv_l2 >= 0, "inv-l2", "a float >= 0", self.inv_l2)
+        _check(self.inv_jitter >= 0, "inv-jitter", "an integer >= 0 (pixels)",
+               self.inv_jitter)
+        _check(all(0 < p < 1 for p in self.prune_at), "prune-at",
+               "comma-separated fractions of the iterations, each in (0, 1)", self.prune_at)
+        _check(0 < self.prune_ratio < 1, "prune-ratio", "a float in (0, 1)", self.prune_ratio)
+        _check(0 < self.keep_ratio <= 1, "keep-ratio", "a float in (0, 1]", self.keep_ratio)
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Training the global student on the synthetic pool."""
+
+    distill_epochs: int = 50
+    distill_batch_size: int = 64
+    distill_lr: float = 0.001
+    temperature: float = 3.0
+    kd_weight: float = 1.0
+    hi_weight: float = 0.5
+    lo_weight: float = 0.5
+    low_label: LowLabel = "low-tokens"
+    student_init: StudentInit = "fedavg"
+    live_mix: float = 1.0
+    live_shift: int = 2
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.live_mix <= 1, "live-mix", "a float in [0, 1]", self.live_mix)
+        _check(self.live_shift >= 0, "live-shift", "an integer >= 0 (pixels)", self.live_shift)
+        _check(self.distill_epochs >= 1, "distill-epochs", "an integer >= 1",
+               self.distill_epochs)
+        _check(self.distill_batch_size >= 1, "distill-batch-size", "an integer >= 1",
+               self.distill_batch_size)
+        _check(self.distill_lr > 0, "distill-lr", "a float > 0", self.distill_lr)
+        _check(self.temperature > 0, "temperature", "a float > 0", self.temperature)
+        for key in ("kd_weight", "hi_weight", "lo_weight"):
+            value = getattr(self, key)
+            _check(value >= 0, key.replace("_", "-"), "a float >= 0", value)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the server runs, where, and where it writes."""
+
+    methods: tuple[str, ...] = ("fedmitr", "deepinversion")
+    weighting: Weighting = "class"
+    ensemble_form: EnsembleForm = "auto"
+    device: DeviceName = "auto"
+    min_clients: int = 0
+    round_timeout: float = 3600.0
+    output_dir: str = "outputs"
+    run_name: str = ""
+
+    def __post_init__(self) -> None:
+        from fedmitr_core.methods import METHODS
+
+        _check(len(self.methods) >= 1, "methods", "at least one method name", self.methods)
+        for name in self.methods:
+            _check(name in METHODS, "methods", f"names from {sorted(METHODS)}", name)
+        _check(self.min_clients >= 0, "min-clients", "an integer >= 0 (0: all partitions)",
+               self.min_clients)
+        _check(self.round_timeout > 0, "round-timeout", "a float > 0 (seconds)",
+               self.round_timeout)
+        _check("/" not in self.run_name and self.run_name not in (".", ".."), "run-name",
+               "a folder name without '/'", self.run_name)
+
+
+@dataclass(frozen=True)
+class FedMITRConfig:
+    """The whole run: one section per concern."""
+
+    seed: int = 0
+    preset: str = ""
+    data: DataConfig = field(default_factory=DataConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
+    inversion: InversionConfig = field(default_factory=InversionConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.data.image_size % self.model.patch_size == 0, "patch-size",
+               f"a divisor of image-size={self.data.image_size}", self.model.patch_size)
+
+    def to_flat(self) -> dict[str, Any]:
+        """The config as flat kebab-case keys (what ``config.yaml`` holds)."""
+        flat: dict[str, Any] = {"seed": self.seed, "preset": self.preset}
+        for section in _SECTIONS:
+            for f in fields(section):
+                value = getattr(getattr(self, _section_attr(section)), f.name)
+                flat[_key(f.name)] = list(value) if isinstance(value, tuple) else value
+        return flat
+
+
+_SECTIONS = (DataConfig, PartitionConfig, ModelConfig, ClientConfig, InversionConfig,
+             DistillConfig, ServerConfig)
+
+
+_SECTION_ATTRS: dict[type, str] = {
+    DataConfig: "data", PartitionConfig: "partition", ModelConfig: "model",
+    ClientConfig: "client", InversionConfig: "inversion", DistillConfig: "distill",
+    ServerConfig: "server",
+}
+
+
+def _section_attr(section: type) -> str:
+    return _SECTION_ATTRS[section]
+
+
+def _key(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _field_types(section: type) -> dict[str, Any]:
+    return typing.get_type_hints(section)
+
+
+def _cast(key: str, value: Any, hint: Any) -> Any:
+    origin = get_origin(hint)
+    if origin is Literal:
+        options = get_args(hint)
+        _check(value in options, key, f"one of {list(options)}", value)
+        return value
+    if origin is tuple:
+        item_type = get_args(hint)[0]
+        if isinstance(value, str):
+            items = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, (list, tuple)):
+            items = list(value)
+        else:
+            items = [value]
+        return tuple(_cast(key, v, item_type) for v in items)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        _fail(key, "a boolean (true/false)", value)
+    if hint is int:
+        if isinstance(value, bool) or not (
+            isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        ):
+            _fail(key, "an integer", value)
+        return int(value)
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                _fail(key, "a number", value)
+        return float(value)
+    if hint is str:
+        _check(isinstance(value, str), key, "a string", value)
+        return value
+    raise TypeError(f"no cast for run config key '{key}' of type {hint!r}")
+
+
+def default_flat_config() -> dict[str, Any]:
+    """Flat kebab-case defaults, as ``[tool.flwr.app.config]`` should list them."""
+    flat = FedMITRConfig().to_flat()
+    return {k: (",".join(map(str, v)) if isinstance(v, list) else v) for k, v in flat.items()}
+
+
+def load_preset(name: str, presets_dir: Path = SIM_CONFIGS_DIR) -> dict[str, Any]:
+    """Read ``sim_configs/<name>.yaml`` as a flat mapping of run-config keys."""
+    path = presets_dir / f"{name}.yaml"
+    if not path.is_file():
+        available = sorted(p.stem for p in presets_dir.glob("*.yaml"))
+        _fail("preset", f"a file sim_configs/<name>.yaml, one of {available}", name)
+    with path.open(encoding="utf-8") as fh:
+        data = yaml.safe_load(fh) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"preset file '{path}': expected a mapping of run-config keys")
+    overrides = data.get("run-config", data)
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"preset file '{path}': 'run-config' must be a mapping")
+    return dict(overrides)
+
+
+def parse_config(run_config: Mapping[str, Any], presets_dir: Path = SIM_CONFIGS_DIR
+                 ) -> FedMITRConfig:
+    """Build and validate the typed config from a flat run-config mapping.
+
+    Parameters
+    ----------
+    run_config
+        Flat kebab-case keys, as Flower's ``context.run_config`` holds them.
+    presets_dir
+        Where ``preset=<name>`` looks for ``<name>.yaml``.
+
+    Raises
+    ------
+    ConfigError
+        Naming the first key that is unknown or out of range.
+    """
+    defaults = default_flat_config()
+    known = set(defaults)
+    for key in run_config:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"unknown run config key '{key}'{hint}")
+    merged: dict[str, Any] = dict(defaults)
+    preset = run_config.get("preset", "")
+    if preset:
+        values = load_preset(str(preset), presets_dir)
+        for key in values:
+            if key not in known or key == "preset":
+                raise ConfigError(f"preset '{preset}': unknown run config key '{key}'")
+        merged.update(values)
+    for key, value in run_config.items():
+        if value != defaults[key]:
+            merged[key] = value
+
+    top_hints = _field_types(FedMITRConfig)
+    sections: dict[str, Any] = {}
+    for section in _SECTIONS:
+        hints = _field_types(section)
+        kwargs = {f.name: _cast(_key(f.name), merged[_key(f.name)], hints[f.name])
+                  for f in fields(section)}
+        sections[_section_attr(section)] = section(**kwargs)
+    return FedMITRConfig(
+        seed=_cast("seed", merged["seed"], top_hints["seed"]),
+        preset=_cast("preset", merged["preset"], top_hints["preset"]),
+        **sections,
+    )
+
+
+def replace(cfg: FedMITRConfig, **flat: Any) -> FedMITRConfig:
+    """A copy of ``cfg`` with some flat kebab-case keys changed (validated again)."""
+    values = cfg.to_flat()
+    values.update(flat)
+    values["preset"] = ""
+    return parse_config({k: v for k, v in values.items()})
+
+
+__all__ = [
+    "ConfigError",
+    "FedMITRConfig",
+    "default_flat_config",
+    "load_preset",
+    "parse_config",
+    "replace",
+]

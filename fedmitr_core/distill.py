@@ -1,0 +1,99 @@
+"""Training the global student on a synthetic pool."""
+
+from __future__ import annotations
+
+import torch
+
+from fedmitr_core.ensemble import TeacherEnsemble
+from fedmitr_core.inversion import SyntheticPool
+from fedmitr_core.losses import TokenRelabelLoss, soft_kl
+from fedmitr_core.models import StudentViT
+from fedmitr_core.progress import Emit, Progress
+from fedmitr_core.training import autocast, iterate_batches, random_shift
+
+
+class LiveRelabel:
+    """Extra KD on augmented pool images, labelled by the ensemble as they are made.
+
+    Each batch is mixed with a shuffled copy of itself (mixup, λ ~ U(0, 1)) with
+    probability ``mix_prob`` and shifted by up to ``max_shift`` pixels; since the
+    ensemble labels the result, the augmentation never corrupts the targets.
+
+    Parameters
+    ----------
+    ensemble
+        The client ensemble that labels the augmented images.
+    mix_prob
+        Probability of mixing a batch; 0 turns live relabelling off.
+    max_shift
+        Random shift in pixels.
+    temperature
+        KD temperature.
+    weight
+        Weight of this KD term.
+    """
+
+    def __init__(self, ensemble: TeacherEnsemble, mix_prob: float, max_shift: int,
+                 temperature: float, weight: float) -> None:
+        self.ensemble = ensemble
+        self.mix_prob, self.max_shift = mix_prob, max_shift
+        self.temperature, self.weight = temperature, weight
+
+    def augment(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Mix and shift a batch of pool images."""
+        if float(torch.rand(1, generator=generator)) < self.mix_prob:
+            perm = torch.randperm(images.shape[0], generator=generator).to(images.device)
+            lam = torch.rand(images.shape[0], 1, 1, 1, generator=generator).to(images.device)
+            images = lam * images + (1 - lam) * images[perm]
+        return random_shift(images, self.max_shift, generator)
+
+    def loss(self, student: StudentViT, images: torch.Tensor, generator: torch.Generator
+             ) -> torch.Tensor:
+        """KD of the student to the ensemble on augmented ``images``."""
+        x = self.augment(images, generator)
+        target = self.ensemble.predict(x, self.temperature)
+        return self.weight * soft_kl(student(x), target, self.temperature)
+
+
+def distill_student(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRelabelLoss,
+                    epochs: int, batch_size: int, lr: float, device: torch.device,
+                    generator: torch.Generator, label: str, emit: Emit | None,
+                    live: LiveRelabel | None = None) -> StudentViT:
+    """Train ``student`` in place on ``pool`` with ``loss_fn``; return it in eval mode.
+
+    With ``live``, each step also distils on augmented pool images that the
+    ensemble labels on the fly.
+    """
+    student.to(device).train()
+    opt = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.05)
+    steps_per_epoch = max(1, -(-len(pool) // batch_size))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * steps_per_epoch)
+    tensors = {k: getattr(pool, k).to(device) for k in SyntheticPool.__dataclass_fields__}
+    progress = Progress(label, epochs, emit)
+    for _ in range(epochs):
+        total, seen = 0.0, 0
+        for idx in iterate_batches(len(pool), batch_size, generator):
+            idx = idx.to(device)
+            batch = {k: v[idx] for k, v in tensors.items()}
+            keep = pool.kept_indices(idx.cpu())
+            high = batch["high_mask"]
+            if keep is not None:
+                keep = keep.to(device)
+                high = torch.gather(high, 1, keep)
+            with autocast(device):
+                cls_logits, token_logits = student.forward_tokens(batch["images"], keep)
+            if not loss_fn.uses_tokens:
+                token_logits = None
+            loss, _ = loss_fn(cls_logits, token_logits, batch["soft_labels"],
+                              batch["labels"], high, batch["low_labels"])
+            if live is not None:
+                with autocast(device):
+                    loss = loss + live.loss(student, batch["images"], generator)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += float(loss.detach()) * len(idx)
+            seen += len(idx)
+        progress.step(loss=total / max(1, seen))
+    return student.eval()

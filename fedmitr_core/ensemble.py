@@ -1,0 +1,151 @@
+"""The client ensemble: teachers, their weights, and one batched forward."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+from timm.models.vision_transformer import VisionTransformer
+from torch import nn
+from torch.func import functional_call, stack_module_state
+
+from fedmitr_core.tokens import forward_gathered
+
+Form = Literal["loop", "vmap"]
+
+
+@dataclass
+class TeacherSet:
+    """The accepted uploads: one model per client with its label counts."""
+
+    models: list[VisionTransformer]
+    label_counts: np.ndarray  # (K, C)
+    client_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_examples(self) -> np.ndarray:
+        """Examples per client ``(K,)``."""
+        return self.label_counts.sum(axis=1)
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+
+def class_weights(label_counts: np.ndarray) -> torch.Tensor:
+    """``w[k, c] = n_kc / n_c``; classes no client holds get uniform weights."""
+    counts = torch.as_tensor(label_counts, dtype=torch.float32)
+    totals = counts.sum(dim=0, keepdim=True)
+    uniform = torch.full_like(counts, 1.0 / counts.shape[0])
+    return torch.where(totals > 0, counts / totals.clamp_min(1.0), uniform)
+
+
+class _GatheredViT(nn.Module):
+    """Module whose forward is the token-gather forward (for ``functional_call``)."""
+
+    def __init__(self, vit: VisionTransformer) -> None:
+        super().__init__()
+        self.vit = vit
+
+    def forward(self, images: torch.Tensor, keep_idx: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        return forward_gathered(self.vit, images, keep_idx)
+
+
+class TeacherEnsemble:
+    """Frozen same-architecture teachers evaluated together.
+
+    Parameters
+    ----------
+    teachers
+        The accepted uploads.
+    weighting
+        ``uniform``, ``samples`` (a_k ∝ n_k) or ``class`` (per class c,
+        w_kc = n_kc / n_c, renormalised over classes).
+    form
+        ``loop`` (one call per teacher), ``vmap`` (stacked weights under
+        ``torch.vmap``) or ``auto`` (time both on a probe batch, keep the faster).
+    device
+        Where the teachers run.
+    """
+
+    def __init__(self, teachers: TeacherSet, weighting: str, form: str,
+                 device: torch.device) -> None:
+        self.device = device
+        self.weighting = weighting
+        self.models = [m.to(device).eval().requires_grad_(False) for m in teachers.models]
+        self.num_patches = int(self.models[0].patch_embed.num_patches)
+        self.num_prefix = int(self.models[0].num_prefix_tokens)
+        self.class_weights = class_weights(teachers.label_counts).to(device)  # (K, C)
+        n = torch.as_tensor(teachers.num_examples, dtype=torch.float32)
+        self.sample_weights = (n / n.sum()).to(device)  # (K,)
+        self._wrapped = [_GatheredViT(m) for m in self.models]
+        self._params, self._buffers = stack_module_state(self._wrapped)
+        self._base = copy.deepcopy(self._wrapped[0]).to("meta")
+        self.form_timings: dict[str, float] = {}
+        self.form: Form = form if form in ("loop", "vmap") else self._fastest_form()
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def _vmap_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        def call(params: dict, buffers: dict) -> tuple[torch.Tensor, torch.Tensor]:
+            return functional_call(self._base, (params, buffers), (images, keep_idx))
+
+        return torch.vmap(call, in_dims=(0, 0))(self._params, self._buffers)
+
+    def _loop_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        outs = [forward_gathered(m, images, keep_idx) for m in self.models]
+        return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+
+    def teacher_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-teacher logits ``(K, B, C)`` and CLS attention ``(K, B, prefix + n)``."""
+        if self.form == "vmap":
+            return self._vmap_outputs(images, keep_idx)
+        return self._loop_outputs(images, keep_idx)
+
+    def _fastest_form(self) -> Form:
+        probe = torch.randn(32, *self._input_shape(), device=self.device, requires_grad=True)
+        for form, fn in (("loop", self._loop_outputs), ("vmap", self._vmap_outputs)):
+            best = float("inf")
+            for _ in range(3):
+                start = time.perf_counter()
+                logits, _ = fn(probe, None)
+                logits.sum().backward()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                best = min(best, time.perf_counter() - start)
+            self.form_timings[form] = best
+        return min(self.form_timings, key=self.form_timings.__getitem__)  # type: ignore[return-value]
+
+    def _input_shape(self) -> tuple[int, int, int]:
+        pe = self.models[0].patch_embed
+        h, w = pe.img_size
+        return (pe.proj.in_channels, h, w)
+
+    def mixture(self, logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+        """Ensemble probabilities ``(B, C)`` from per-teacher logits ``(K, B, C)``."""
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        if self.weighting == "uniform":
+            return probs.mean(dim=0)
+        if self.weighting == "samples":
+            return torch.einsum("k,kbc->bc", self.sample_weights, probs)
+        mixed = torch.einsum("kc,kbc->bc", self.class_weights, probs)
+        return mixed / mixed.sum(dim=-1, keepdim=True).clamp_min(1e-12)
+
+    def target_weights(self, labels: torch.Tensor) -> torch.Tensor:
+        """Each teacher's share of each target class: ``(K, B)``."""
+        return self.class_weights[:, labels]
+
+    @torch.no_grad()
+    def predict(self, images: torch.Tensor, temperature: float = 1.0,
+                keep_idx: torch.Tensor | None = None) -> torch.Tensor:
+        """Ensemble probabilities for ``images`` (optionally from kept tokens only)."""
+        logits, _ = self.teacher_outputs(images.to(self.device), keep_idx)
+        return self.mixture(logits, temperature)

@@ -1,0 +1,22 @@
+"""Server methods by name: one entry point each, ``(ServerContext) -> MethodResult``."""
+
+from __future__ import annotations
+
+from fedmitr_core.methods.base import MethodResult, ServerContext, ServerMethod
+from fedmitr_core.methods.distillation import (
+    run_deepinversion,
+    run_fedmitr,
+    run_fedmitr_relabel,
+    run_fedmitr_sparse,
+)
+from fedmitr_core.methods.fedavg import run_fedavg
+
+METHODS: dict[str, ServerMethod] = {
+    "fedmitr": run_fedmitr,
+    "deepinversion": run_deepinversion,
+    "fedmitr-sparse": run_fedmitr_sparse,
+    "fedmitr-relabel": run_fedmitr_relabel,
+    "fedavg": run_fedavg,
+}
+
+__all__ = ["METHODS", "MethodResult", "ServerContext", "ServerMethod"]

@@ -1,0 +1,1 @@
+"""FedMITR ServerApp: one round, validate and persist uploads, distil the global ViT."""

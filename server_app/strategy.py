@@ -1,0 +1,130 @@
+"""One-shot strategy: one round of FedAvg's sampling, FedMITR's aggregation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp.strategy import FedAvg
+
+from fedmitr_core.config import FedMITRConfig
+from fedmitr_core.data import DatasetSplits
+from fedmitr_core.models import build_vit
+from fedmitr_core.server_job import ServerOutcome, run_server_methods
+from fedmitr_core.uploads import (
+    Upload,
+    expected_spec,
+    load_teacher_set,
+    persist_upload,
+    validate_upload,
+)
+
+
+def _emit(line: str) -> None:
+    for part in line.splitlines():
+        log(INFO, part)
+
+
+class InsufficientUploadsError(RuntimeError):
+    """Fewer valid uploads arrived than the run needs."""
+
+
+class OneShotStrategy(FedAvg):
+    """Sample every connected node once, then distil instead of averaging.
+
+    ``aggregate_train`` validates every reply, persists the accepted ones to
+    ``<run_dir>/uploads/`` before any long work, loads them back as teachers and
+    runs the configured server methods (``fedmitr_core.server_job``).
+    """
+
+    def __init__(self, cfg: FedMITRConfig, splits: DatasetSplits, run_dir: Path) -> None:
+        super().__init__(fraction_train=1.0, fraction_evaluate=0.0,
+                         min_train_nodes=max(1, cfg.server.min_clients),
+                         min_available_nodes=max(1, cfg.server.min_clients))
+        self.cfg = cfg
+        self.splits = splits
+        self.run_dir = run_dir
+        self.upload_dir = run_dir / "uploads"
+        self.outcome: ServerOutcome | None = None
+        self.upload_report: dict[str, Any] = {}
+
+    def _new_model(self):  # noqa: ANN202
+        return build_vit(self.cfg.model.model, self.splits.num_classes, self.splits.image_size,
+                         self.splits.in_chans, self.cfg.model.patch_size)
+
+    def receive_uploads(self, replies: Iterable[Message]) -> dict[str, Any]:
+        """Validate and persist each reply; return what was accepted and rejected."""
+        spec = expected_spec(self._new_model())
+        accepted: list[dict[str, Any]] = []
+        rejected: list[dict[str, Any]] = []
+        failed: list[dict[str, Any]] = []
+        reported_partitions: set[int] = set()
+        for msg in replies:
+            node = int(msg.metadata.src_node_id)
+            if msg.has_error():
+                failed.append({"node-id": node, "reason": str(msg.error.reason)})
+                log(WARNING, "client node %d failed: %s", node, msg.error.reason)
+                continue
+            content = msg.content
+            arrays: dict[str, Any] = {}
+            if len(content.array_records) != 1 or len(content.metric_records) != 1:
+                problems = ["reply must hold exactly one ArrayRecord and one MetricRecord"]
+                metrics: dict[str, Any] = {}
+            else:
+                record = next(iter(content.array_records.values()))
+                metrics = dict(next(iter(content.metric_records.values())))
+                try:
+                    arrays = {k: v.numpy() for k, v in record.items()}
+                except (ValueError, TypeError) as err:
+                    arrays = {}
+                    problems = [f"arrays could not be decoded as plain numpy arrays: {err}"]
+                else:
+                    problems = validate_upload(arrays, metrics, spec, self.splits.num_classes)
+            partition = metrics.get("partition-id")
+            if isinstance(metrics.get("num-partitions"), int):
+                reported_partitions.add(int(metrics["num-partitions"]))
+            client_id = (f"partition-{int(partition):04d}-node-{node}"
+                         if isinstance(partition, int) else f"node-{node}")
+            if problems:
+                rejected.append({"client-id": client_id, "node-id": node, "reasons": problems})
+                log(WARNING, "rejected upload from %s: %s", client_id, "; ".join(problems))
+                continue
+            persist_upload(self.upload_dir, Upload(
+                client_id=client_id, arrays=arrays, num_examples=int(metrics["num-examples"]),
+                label_counts=np.asarray(metrics["label-counts"], dtype=np.int64),
+                metrics=metrics))
+            accepted.append({"client-id": client_id, "node-id": node,
+                             "num-examples": int(metrics["num-examples"])})
+        expected = max(reported_partitions) if reported_partitions else None
+        report = {"accepted": accepted, "rejected": rejected, "failed": failed,
+                  "num-partitions": expected}
+        log(INFO, "uploads: %d accepted, %d rejected, %d failed; persisted to %s",
+            len(accepted), len(rejected), len(failed), self.upload_dir)
+        if expected is not None and len(accepted) < expected:
+            log(WARNING, "only %d of %d partitions are in the teacher set: the global model "
+                "is built from part of the data (start as many SuperNodes as partitions, "
+                "e.g. --federation-config \"num-supernodes=%d\")",
+                len(accepted), expected, expected)
+        return report
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Persist the uploads, then run the server methods on them."""
+        report = self.receive_uploads(replies)
+        self.upload_report = report
+        needed = max(1, self.cfg.server.min_clients)
+        if len(report["accepted"]) < needed:
+            raise InsufficientUploadsError(
+                f"{len(report['accepted'])} valid uploads, but run config key 'min-clients' "
+                f"asks for at least {needed}; accepted uploads are kept in {self.upload_dir}")
+        teachers = load_teacher_set(self.upload_dir, self._new_model)
+        self.outcome = run_server_methods(teachers, self.cfg, self.splits, self.run_dir,
+                                          emit=_emit, upload_report=report)
+        metrics = MetricRecord({f"{name}-accuracy": float(r["accuracy"])
+                                for name, r in self.outcome.results.items()})
+        return ArrayRecord(self.outcome.global_model.state_dict()), metrics

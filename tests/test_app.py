@@ -1,0 +1,136 @@
+"""The real ClientApp and the real Strategy, driven in-process through a small Grid."""
+
+import json
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from client_app.app import app as client_app
+from fedmitr_core.client_job import initial_model
+from fedmitr_core.config import parse_config
+from fedmitr_core.data import load_dataset
+from server_app.strategy import InsufficientUploadsError, OneShotStrategy
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    TaskIdentity.run_id = 1
+    TaskIdentity.node_id = 0
+    TaskIdentity.task_id = 1
+
+
+class InProcessGrid(Grid):
+    """Delivers each message to the real ClientApp of its node, in this process."""
+
+    def __init__(self, run_config: dict, num_nodes: int,
+                 tamper: Callable[[int, Message], Message] | None = None) -> None:
+        self.run_config = run_config
+        self.nodes = list(range(101, 101 + num_nodes))
+        self.tamper = tamper
+
+    def set_run(self, run):  # noqa: ANN001
+        self._run = run
+
+    @property
+    def run(self):  # noqa: ANN201
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa
+        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.nodes)
+
+    def push_messages(self, messages):  # noqa: ANN001
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):  # noqa: ANN001
+        raise NotImplementedError
+
+    def send_and_receive(self, messages, *, timeout=None):  # noqa: ANN001
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            pid = self.nodes.index(node)
+            ctx = Context(run_id=1, node_id=node, state=RecordDict(),
+                          node_config={"partition-id": pid, "num-partitions": len(self.nodes)},
+                          run_config=self.run_config)
+            reply = client_app(msg, ctx)
+            replies.append(self.tamper(pid, reply) if self.tamper else reply)
+        return replies
+
+
+def _initial(cfg):
+    splits = load_dataset(cfg.data, cfg.seed)
+    return splits, ArrayRecord(initial_model(cfg, splits).state_dict())
+
+
+def test_client_train_handler_replies_with_weights_and_label_counts(tiny_run_config):
+    cfg = parse_config(tiny_run_config)
+    splits, arrays = _initial(cfg)
+    msg = Message(content=RecordDict({"arrays": arrays}), dst_node_id=7, message_type="train")
+    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 2, "num-partitions": 4},
+                  state=RecordDict(), run_config=tiny_run_config)
+    reply = client_app(msg, ctx)
+    assert not reply.has_error()
+    metrics = reply.content.metric_records["metrics"]
+    counts = np.asarray(metrics["label-counts"])
+    assert counts.shape == (10,) and counts.sum() == metrics["num-examples"] > 0
+    assert metrics["partition-id"] == 2 and metrics["num-partitions"] == 4
+    state = reply.content.array_records["arrays"].to_torch_state_dict()
+    before = arrays.to_torch_state_dict()
+    assert set(state) == set(before)
+    assert any(not np.allclose(state[k].numpy(), before[k].numpy()) for k in state)
+
+
+def _poison(pid: int, reply: Message) -> Message:
+    if pid != 1:
+        return reply
+    state = reply.content.array_records["arrays"].to_torch_state_dict()
+    state["head.weight"][0, 0] = float("nan")
+    content = RecordDict({"arrays": ArrayRecord(state),
+                          "metrics": reply.content.metric_records["metrics"]})
+    return Message(content=content, reply_to=Message(
+        content=RecordDict(), dst_node_id=reply.metadata.src_node_id, message_type="train"))
+
+
+def test_one_round_rejects_a_bad_upload_keeps_the_others(tiny_run_config, tmp_path):
+    run_config = {**tiny_run_config, "methods": "fedmitr", "output-dir": str(tmp_path),
+                  "run-name": "r"}
+    cfg = parse_config(run_config)
+    splits, arrays = _initial(cfg)
+    strategy = OneShotStrategy(cfg, splits, tmp_path / "r")
+    grid = InProcessGrid(run_config, num_nodes=3, tamper=_poison)
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=1, timeout=60)
+
+    run_dir = tmp_path / "r"
+    uploads = sorted(p.name for p in (run_dir / "uploads").glob("*.safetensors"))
+    assert len(uploads) == 2 and not any("partition-0001" in u for u in uploads)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    rejected = metrics["uploads"]["rejected"]
+    assert len(rejected) == 1 and "NaN" in rejected[0]["reasons"][0]
+    assert metrics["num-teachers"] == 2
+    assert {"fedmitr", "ensemble", "fedavg", "local-mean"} <= set(metrics["results"])
+    for r in metrics["results"].values():
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["seconds"] >= 0.0
+    for name in ("global_model.safetensors", "config.yaml", "report.md",
+                 "synthetic_grid.png", "label_distribution.png"):
+        assert (run_dir / name).is_file(), name
+    assert result.arrays is not None
+    assert set(result.arrays.to_torch_state_dict()) == set(arrays.to_torch_state_dict())
+
+
+def test_too_few_valid_uploads_stops_with_a_clear_message(tiny_run_config, tmp_path):
+    run_config = {**tiny_run_config, "methods": "fedavg", "min-clients": 3,
+                  "output-dir": str(tmp_path), "run-name": "r"}
+    cfg = parse_config(run_config)
+    splits, arrays = _initial(cfg)
+    strategy = OneShotStrategy(cfg, splits, tmp_path / "r")
+    grid = InProcessGrid(run_config, num_nodes=3, tamper=_poison)
+    with pytest.raises(InsufficientUploadsError, match="min-clients"):
+        strategy.start(grid=grid, initial_arrays=arrays, num_rounds=1, timeout=60)
+    assert len(list((tmp_path / "r" / "uploads").glob("*.safetensors"))) == 2

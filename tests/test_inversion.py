@@ -1,0 +1,69 @@
+import numpy as np
+import torch
+
+from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet
+from fedmitr_core.inversion import ModelInverter, SyntheticPool
+from fedmitr_core.losses import InversionLoss
+from fedmitr_core.models import build_vit
+
+
+def _ensemble(k=3):
+    models = []
+    for i in range(k):
+        torch.manual_seed(i)
+        models.append(build_vit("vit-micro", 10, 16, 1, 4).eval())
+    counts = np.full((k, 10), 5)
+    return TeacherEnsemble(TeacherSet(models, counts), "class", "loop", torch.device("cpu"))
+
+
+def _inverter(ens, prune_at, iterations=8, keep_ratio=0.5, low_label="low-tokens", lr=0.1):
+    return ModelInverter(
+        ensemble=ens, image_shape=(1, 16, 16), patch_size=4, iterations=iterations, lr=lr,
+        betas=(0.5, 0.99), loss=InversionLoss(1e-4, 1e-5, "per-teacher"), jitter=1,
+        flip=False, prune_at=prune_at, prune_ratio=0.3, keep_ratio=keep_ratio,
+        temperature=3.0, low_label=low_label)
+
+
+def test_sparse_inversion_prunes_the_expected_number_of_patches():
+    ens = _ensemble()
+    gen = torch.Generator().manual_seed(0)
+    pool = _inverter(ens, (0.25, 0.5)).synthesize(torch.arange(6) % 10, gen)
+    # 16 patches -> drop int(0.3*16)=4 -> 12 -> drop int(0.3*12)=3 -> 9.
+    assert (pool.inverted_mask.sum(dim=1) == 9).all()
+    # H: round(0.5 * 9) = 4 of the kept patches; never a pruned one.
+    assert (pool.high_mask.sum(dim=1) == 4).all()
+    assert not (pool.high_mask & ~pool.inverted_mask).any()
+    assert pool.kept_indices().shape == (6, 9)
+    # Pruned patches were blanked (never optimised), kept ones were not.
+    pixels = pool.inverted_mask.view(6, 1, 4, 4).repeat_interleave(4, 2).repeat_interleave(4, 3)
+    assert (pool.images[~pixels] == 0).all()
+    assert (pool.images[pixels] != 0).float().mean() > 0.9
+    torch.testing.assert_close(pool.soft_labels.sum(dim=1), torch.ones(6))
+    torch.testing.assert_close(pool.low_labels.sum(dim=1), torch.ones(6))
+
+
+def test_dense_inversion_keeps_every_patch_and_lowers_the_loss():
+    ens = _ensemble()
+    labels = torch.arange(8) % 10
+    gen = torch.Generator().manual_seed(0)
+    inv = _inverter(ens, (), iterations=120, low_label="full-image", lr=0.25)
+    pool = inv.synthesize(labels, gen)
+    assert (pool.inverted_mask.sum(dim=1) == 16).all()
+    torch.testing.assert_close(pool.low_labels, pool.soft_labels)
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn((8, 1, 16, 16), generator=gen)
+    before = (ens.predict(start).argmax(dim=1) == labels).float().mean()
+    after = (ens.predict(pool.images).argmax(dim=1) == labels).float().mean()
+    assert after >= before + 0.25
+    assert pool.on_target_rate() == after
+
+
+def test_pool_concat_copies_and_balances_labels():
+    ens = _ensemble(2)
+    inv = _inverter(ens, (0.5,), iterations=2)
+    pool = inv.synthesize_pool(30, 12, 10, torch.Generator().manual_seed(1), "t", None)
+    assert len(pool) == 30
+    assert np.bincount(pool.labels.numpy(), minlength=10).tolist() == [3] * 10
+    merged = SyntheticPool.concat([pool, pool])
+    merged.images[0] += 1.0
+    assert not torch.equal(merged.images[0], pool.images[0])

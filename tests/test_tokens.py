@@ -1,0 +1,105 @@
+import numpy as np
+import pytest
+import torch
+
+from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet, class_weights
+from fedmitr_core.models import MODEL_PRESETS, StudentViT, build_vit
+from fedmitr_core.tokens import all_patch_indices, forward_gathered
+
+
+def _vit(seed=0, preset="vit-micro", image_size=16, patch=4):
+    torch.manual_seed(seed)
+    return build_vit(preset, 10, image_size, 1, patch).eval()
+
+
+@pytest.mark.parametrize("preset", sorted(MODEL_PRESETS))
+def test_presets_build_and_forward(preset):
+    vit = _vit(preset=preset, image_size=32, patch=8)
+    out = vit(torch.randn(2, 1, 32, 32))
+    assert out.shape == (2, 10) and torch.isfinite(out).all()
+
+
+def test_gather_forward_with_all_tokens_equals_plain_forward():
+    vit = _vit()
+    x = torch.randn(4, 1, 16, 16)
+    with torch.no_grad():
+        plain = vit(x)
+        gathered, _ = forward_gathered(vit, x, None)
+        explicit, _ = forward_gathered(vit, x, all_patch_indices(4, 16, "cpu"))
+    torch.testing.assert_close(gathered, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(explicit, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_rows_sum_to_one_and_follow_kept_tokens():
+    vit = _vit()
+    x = torch.randn(3, 1, 16, 16)
+    keep = torch.tensor([[0, 5, 9, 15]] * 3)
+    with torch.no_grad():
+        logits, attn = forward_gathered(vit, x, keep)
+        _, attn_all = forward_gathered(vit, x, None)
+    assert attn.shape == (3, 1 + 4)
+    torch.testing.assert_close(attn.sum(dim=1), torch.ones(3))
+    torch.testing.assert_close(attn_all.sum(dim=1), torch.ones(3))
+    assert (attn >= 0).all()
+    # Dropping tokens changes the prediction (it is really a shorter sequence).
+    assert not torch.allclose(logits, vit(x), atol=1e-4)
+
+
+def test_gathering_is_independent_of_index_order():
+    vit = _vit()
+    x = torch.randn(2, 1, 16, 16)
+    with torch.no_grad():
+        a, _ = forward_gathered(vit, x, torch.tensor([[1, 2, 3, 7]] * 2))
+        b, _ = forward_gathered(vit, x, torch.tensor([[7, 3, 2, 1]] * 2))
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_student_token_head_covers_every_patch():
+    student = StudentViT(_vit())
+    cls_logits, tok = student.forward_tokens(torch.randn(2, 1, 16, 16))
+    assert cls_logits.shape == (2, 10) and tok.shape == (2, 16, 10)
+
+
+def _teachers(k=4):
+    counts = np.random.default_rng(0).integers(0, 20, size=(k, 10))
+    counts[:, 0] += 1
+    return TeacherSet([_vit(seed=i) for i in range(k)], counts)
+
+
+def test_vmap_ensemble_equals_loop_ensemble():
+    teachers = _teachers()
+    loop = TeacherEnsemble(teachers, "class", "loop", torch.device("cpu"))
+    vmap = TeacherEnsemble(teachers, "class", "vmap", torch.device("cpu"))
+    x = torch.randn(5, 1, 16, 16)
+    keep = torch.tensor([[0, 3, 4, 8, 12]] * 5)
+    for idx in (None, keep):
+        l_logits, l_attn = loop.teacher_outputs(x, idx)
+        v_logits, v_attn = vmap.teacher_outputs(x, idx)
+        torch.testing.assert_close(v_logits, l_logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v_attn, l_attn, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_form_picks_a_measured_form():
+    ens = TeacherEnsemble(_teachers(2), "samples", "auto", torch.device("cpu"))
+    assert ens.form in ("loop", "vmap")
+    assert set(ens.form_timings) == {"loop", "vmap"}
+
+
+def test_class_weights_and_mixtures():
+    counts = np.array([[10, 0, 5], [0, 10, 5]])
+    w = class_weights(counts)
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 0.5], [0.0, 1.0, 0.5]]))
+    teachers = TeacherSet([_vit(0), _vit(1)], np.pad(counts, ((0, 0), (0, 7))))
+    ens = TeacherEnsemble(teachers, "class", "loop", torch.device("cpu"))
+    logits = torch.randn(2, 3, 10)
+    for weighting in ("uniform", "samples", "class"):
+        ens.weighting = weighting
+        probs = ens.mixture(logits)
+        torch.testing.assert_close(probs.sum(dim=1), torch.ones(3))
+    # Class weighting: class 0 comes only from teacher 0.
+    ens.weighting = "class"
+    logits = torch.zeros(2, 1, 10)
+    logits[0, 0, 0] = 5.0  # teacher 0 confident in class 0
+    logits[1, 0, 1] = 5.0  # teacher 1 confident in class 1
+    mixed = ens.mixture(logits)
+    assert mixed[0, 0] > mixed[0, 2] and mixed[0, 1] > mixed[0, 2]
