@@ -31,7 +31,9 @@ def _free_port() -> int:
 def flwr_env(tmp_path_factory):
     """A private FLWR_HOME and local-SuperLink ports; the SuperLink is stopped after."""
     control_port = _free_port()
+    bin_dir = str(Path(sys.executable).parent)  # flwr starts flower-superlink from PATH
     env = {**os.environ,
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
            "FLWR_HOME": str(tmp_path_factory.mktemp("flwr-home")),
            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
