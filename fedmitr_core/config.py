@@ -122,9 +122,9 @@ class ClientConfig:
 class InversionConfig:
     """Model inversion of the client ensemble (sparse for FedMITR, dense for DI)."""
 
-    syn_images: int = 400
-    syn_batch_size: int = 200
-    inv_iterations: int = 60
+    syn_images: int = 600
+    syn_batch_size: int = 300
+    inv_iterations: int = 40
     inv_lr: float = 0.25
     inv_beta1: float = 0.5
     inv_beta2: float = 0.99
@@ -133,7 +133,7 @@ class InversionConfig:
     inv_jitter: int = 1
     inv_flip: bool = False
     inv_objective: InversionObjective = "per-teacher"
-    prune_at: tuple[float, ...] = (0.1, 0.2)
+    prune_at: tuple[float, ...] = (0.3, 0.6)
     prune_ratio: float = 0.3
     keep_ratio: float = 0.5
 
