@@ -375,19 +375,10 @@ def parse_config(run_config: Mapping[str, Any], presets_dir: Path = SIM_CONFIGS_
     )
 
 
-def replace(cfg: FedMITRConfig, **flat: Any) -> FedMITRConfig:
-    """A copy of ``cfg`` with some flat kebab-case keys changed (validated again)."""
-    values = cfg.to_flat()
-    values.update(flat)
-    values["preset"] = ""
-    return parse_config({k: v for k, v in values.items()})
-
-
 __all__ = [
     "ConfigError",
     "FedMITRConfig",
     "default_flat_config",
     "load_preset",
     "parse_config",
-    "replace",
 ]
