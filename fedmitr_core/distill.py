@@ -69,17 +69,17 @@ def distill_student(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRela
     steps_per_epoch = max(1, -(-len(pool) // batch_size))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * steps_per_epoch)
     tensors = {k: getattr(pool, k).to(device) for k in SyntheticPool.__dataclass_fields__}
+    kept = pool.kept_indices()
+    if kept is not None:
+        kept = kept.to(device)
     progress = Progress(label, epochs, emit)
     for _ in range(epochs):
         total, seen = 0.0, 0
         for idx in iterate_batches(len(pool), batch_size, generator):
             idx = idx.to(device)
             batch = {k: v[idx] for k, v in tensors.items()}
-            keep = pool.kept_indices(idx.cpu())
-            high = batch["high_mask"]
-            if keep is not None:
-                keep = keep.to(device)
-                high = torch.gather(high, 1, keep)
+            keep = None if kept is None else kept[idx]
+            high = batch["high_mask"] if keep is None else torch.gather(batch["high_mask"], 1, keep)
             with autocast(device):
                 cls_logits, token_logits = student.forward_tokens(batch["images"], keep)
             if not loss_fn.uses_tokens:

@@ -34,12 +34,11 @@ class SyntheticPool:
     L); ``soft_labels`` is p_E^T on the kept tokens and ``low_labels`` q_L^T.
     """
 
-    def kept_indices(self, rows: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Kept patch indices ``(B, n_kept)`` of ``rows``, or None when all are kept."""
-        mask = self.inverted_mask if rows is None else self.inverted_mask[rows]
-        if bool(mask.all()):
+    def kept_indices(self) -> torch.Tensor | None:
+        """Kept patch indices ``(B, n_kept)``, or None when every patch is kept."""
+        if bool(self.inverted_mask.all()):
             return None
-        return mask.nonzero()[:, 1].view(mask.shape[0], -1)
+        return self.inverted_mask.nonzero()[:, 1].view(len(self), -1)
 
     images: torch.Tensor
     labels: torch.Tensor
