@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ROOT, TINY
+
+from benchmarks.accuracy import run_benchmark
 
 FLWR = shutil.which("flwr") or str(Path(sys.executable).parent / "flwr")
 
@@ -72,6 +75,16 @@ def test_flwr_run_end_to_end(tmp_path, flwr_env):
     assert results["ensemble"]["accuracy"] > 0.3
     assert results["fedmitr"]["accuracy"] > 0.15
     assert "| fedmitr |" in log and "ETA" in log
+
+    # The benchmark runs the same client and server code: same seed, same figures.
+    bench_config = {k: v for k, v in run_config.items() if k not in ("output-dir", "run-name")}
+    preset = tmp_path / "same.yaml"
+    preset.write_text(yaml.safe_dump({"run-config": bench_config, "sweep": {
+        "num-clients": 4, "seeds": [0], "splits": [{"partitioner": "dirichlet", "alpha": 0.5}]}}))
+    bench = run_benchmark(preset, results_root=tmp_path / "bench", cache_dir=tmp_path / "cache")
+    for name in ("fedmitr", "deepinversion", "ensemble", "fedavg"):
+        assert bench[0]["results"][name]["accuracy"] == pytest.approx(
+            results[name]["accuracy"], abs=1e-6), name
 
 
 @pytest.mark.e2e

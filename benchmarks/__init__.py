@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print figures measured side by side in one run."""

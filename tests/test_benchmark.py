@@ -1,0 +1,62 @@
+"""The accuracy benchmark: preset validation, the upload cache, and its tables."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import TINY
+
+from benchmarks.accuracy import load_sweep, run_benchmark, summary_table
+from fedmitr_core.config import ConfigError
+
+
+def _preset(tmp_path: Path, run_config: dict, sweep: dict, name: str = "tiny") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"run-config": run_config, "sweep": sweep}))
+    return path
+
+
+SWEEP = {"num-clients": 3, "seeds": [0],
+         "splits": [{"partitioner": "dirichlet", "alpha": 0.5}]}
+
+
+@pytest.mark.parametrize(("run_config", "sweep", "named"), [
+    ({"alphaa": 0.1}, SWEEP, "alphaa"),
+    ({}, {**SWEEP, "seed": [0]}, "seed"),
+    ({}, {k: v for k, v in SWEEP.items() if k != "splits"}, "splits"),
+    ({}, {**SWEEP, "splits": [{"partitioner": "dirichlet", "alpha": -1}]}, "alpha"),
+    ({"methods": "fedmitr,dense-typo"}, SWEEP, "methods"),
+])
+def test_a_bad_preset_fails_naming_the_key(tmp_path, run_config, sweep, named):
+    with pytest.raises(ConfigError, match=f"'{named}'"):
+        load_sweep(_preset(tmp_path, run_config, sweep))
+
+
+def test_clients_are_trained_once_then_read_from_the_cache(tmp_path):
+    preset = _preset(tmp_path, {**TINY, "local-epochs": 3, "methods": "fedavg"}, SWEEP)
+    kwargs = {"results_root": tmp_path / "results", "cache_dir": tmp_path / "cache"}
+    first = run_benchmark(preset, **kwargs)
+    cache_entries = list((tmp_path / "cache").iterdir())
+    second = run_benchmark(preset, **kwargs)
+    assert [r["cached"] for r in first] == [False]
+    assert [r["cached"] for r in second] == [True]
+    assert list((tmp_path / "cache").iterdir()) == cache_entries
+    # The same uploads give the same one-shot FedAvg and ensemble.
+    for name in ("fedavg", "ensemble", "local-mean"):
+        assert second[0]["results"][name]["accuracy"] == first[0]["results"][name]["accuracy"]
+    # A server-side change reuses the clients; a client-side change does not.
+    third = run_benchmark(preset, overrides={"temperature": 2.0}, **kwargs)
+    fourth = run_benchmark(preset, overrides={"local-epochs": 2}, **kwargs)
+    assert third[0]["cached"] and not fourth[0]["cached"]
+    out = tmp_path / "results" / "tiny"
+    for name in ("table.md", "val_table.md", "results.json", "accuracy.png"):
+        assert (out / name).is_file(), name
+    assert "| fedavg |" in (out / "table.md").read_text()
+
+
+def test_summary_table_gives_mean_and_std_over_seeds():
+    records = [{"split": "dir-0.1", "seed": s, "results": {"m": {"accuracy": a}}}
+               for s, a in ((0, 0.2), (1, 0.4))]
+    table = summary_table(records)
+    assert "| m | 30.00 ± 10.00 |" in table
+    assert "| method | dir-0.1 |" in table
