@@ -28,8 +28,11 @@ Weighting = Literal["uniform", "samples", "class"]
 EnsembleForm = Literal["auto", "loop", "vmap"]
 DeviceName = Literal["auto", "cpu", "cuda"]
 InversionObjective = Literal["per-teacher", "mixture"]
+PrunedPatches = Literal["blank", "keep"]
 LowLabel = Literal["low-tokens", "full-image"]
 StudentInit = Literal["fedavg", "scratch"]
+StudentTokens = Literal["kept", "kept-live", "all"]
+TokenHeadInit = Literal["random", "cls-head"]
 
 SIM_CONFIGS_DIR = Path(__file__).resolve().parents[1] / "sim_configs"
 
@@ -136,6 +139,7 @@ class InversionConfig:
     prune_at: tuple[float, ...] = (0.3, 0.6)
     prune_ratio: float = 0.3
     keep_ratio: float = 0.5
+    pruned_patches: PrunedPatches = "blank"
 
     def __post_init__(self) -> None:
         _check(self.syn_images >= 1, "syn-images", "an integer >= 1", self.syn_images)
@@ -168,7 +172,10 @@ class DistillConfig:
     hi_weight: float = 0.5
     lo_weight: float = 0.5
     low_label: LowLabel = "low-tokens"
+    hi_agreed_only: bool = False
     student_init: StudentInit = "fedavg"
+    student_tokens: StudentTokens = "kept-live"
+    token_head_init: TokenHeadInit = "random"
     live_mix: float = 1.0
     live_shift: int = 2
 

@@ -47,29 +47,36 @@ class LiveRelabel:
             images = lam * images + (1 - lam) * images[perm]
         return random_shift(images, self.max_shift, generator)
 
-    def loss(self, student: StudentViT, images: torch.Tensor, generator: torch.Generator
-             ) -> torch.Tensor:
-        """KD of the student to the ensemble on augmented ``images``."""
+    def loss(self, student: StudentViT, images: torch.Tensor, generator: torch.Generator,
+             keep_idx: torch.Tensor | None = None) -> torch.Tensor:
+        """KD of the student to the ensemble on augmented ``images``.
+
+        With ``keep_idx`` both see only those patches (token-gather forward).
+        """
         x = self.augment(images, generator)
-        target = self.ensemble.predict(x, self.temperature)
-        return self.weight * soft_kl(student(x), target, self.temperature)
+        target = self.ensemble.predict(x, self.temperature, keep_idx=keep_idx)
+        logits = student(x) if keep_idx is None else student.forward_tokens(x, keep_idx)[0]
+        return self.weight * soft_kl(logits, target, self.temperature)
 
 
 def distill_student(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRelabelLoss,
                     epochs: int, batch_size: int, lr: float, device: torch.device,
                     generator: torch.Generator, label: str, emit: Emit | None,
-                    live: LiveRelabel | None = None) -> StudentViT:
+                    live: LiveRelabel | None = None, kept_tokens_only: bool = True,
+                    live_kept_tokens: bool = False) -> StudentViT:
     """Train ``student`` in place on ``pool`` with ``loss_fn``; return it in eval mode.
 
     With ``live``, each step also distils on augmented pool images that the
-    ensemble labels on the fly.
+    ensemble labels on the fly. With ``kept_tokens_only`` the student sees only
+    the patches kept to the end of inversion; otherwise every patch, the
+    pruned (blank) ones counting as low-attention.
     """
     student.to(device).train()
     opt = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.05)
     steps_per_epoch = max(1, -(-len(pool) // batch_size))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * steps_per_epoch)
     tensors = {k: getattr(pool, k).to(device) for k in SyntheticPool.__dataclass_fields__}
-    kept = pool.kept_indices()
+    kept = pool.kept_indices() if kept_tokens_only else None
     if kept is not None:
         kept = kept.to(device)
     progress = Progress(label, epochs, emit)
@@ -88,7 +95,8 @@ def distill_student(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRela
                               batch["labels"], high, batch["low_labels"])
             if live is not None:
                 with autocast(device):
-                    loss = loss + live.loss(student, batch["images"], generator)
+                    loss = loss + live.loss(student, batch["images"], generator,
+                                            keep if live_kept_tokens else None)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -101,13 +101,19 @@ class ModelInverter:
     low_label
         ``low-tokens``: q_L is the ensemble fed only L tokens; ``full-image``:
         q_L = p_E^T(x).
+    pruned_patches
+        ``blank``: pruned patches are set to 0 (the dataset mean) and soft
+        labels come from the kept tokens; ``keep``: they keep the values they
+        had when pruned, and one dense forward over all patches gives the
+        soft labels and the attention that ranks the kept patches into H
+        (every other patch, pruned ones included, is L).
     """
 
     def __init__(self, ensemble: TeacherEnsemble, image_shape: tuple[int, int, int],
                  patch_size: int, iterations: int, lr: float, betas: tuple[float, float],
                  loss: InversionLoss, jitter: int, flip: bool, prune_at: tuple[float, ...],
                  prune_ratio: float, keep_ratio: float, temperature: float,
-                 low_label: str) -> None:
+                 low_label: str, pruned_patches: str = "blank") -> None:
         self.ensemble = ensemble
         self.image_shape = image_shape
         self.patch = patch_size
@@ -122,6 +128,7 @@ class ModelInverter:
         self.keep_ratio = keep_ratio
         self.temperature = temperature
         self.low_label = low_label
+        self.pruned_patches = pruned_patches
 
     @property
     def sparse(self) -> bool:
@@ -177,25 +184,30 @@ class ModelInverter:
                 on_target = float((mixture.argmax(dim=1) == labels).float().mean())
                 progress.step(loss=float(loss.detach()), task=parts["task"], on_target=on_target,
                               tokens=keep_idx.shape[1])
-        # Patches pruned during inversion were never optimised: blank them (0 is the
-        # dataset mean in normalised space) rather than keep their initial noise.
-        return self._finish((images * pixel_mask).detach(), labels, keep_idx)
+        # Patches pruned during inversion were optimised only until they were pruned:
+        # blank them (0 is the dataset mean in normalised space) or keep them as they are.
+        final = images * pixel_mask if self.pruned_patches == "blank" else images
+        return self._finish(final.detach(), labels, keep_idx)
 
     @torch.no_grad()
     def _finish(self, images: torch.Tensor, labels: torch.Tensor, keep_idx: torch.Tensor
                 ) -> SyntheticPool:
         """Rank the kept patches by attention into H and L; label both."""
         prefix = self.ensemble.num_prefix
-        logits, attn = self.ensemble.teacher_outputs(images, keep_idx)
+        dense = self.pruned_patches == "keep"
+        logits, attn = self.ensemble.teacher_outputs(images, None if dense else keep_idx)
         weights = self.ensemble.target_weights(labels)
         score = torch.einsum("kb,kbn->bn", weights, attn[:, :, prefix:].float())
+        if dense:  # the attention of the kept patches, in the order of keep_idx
+            score = torch.gather(score, 1, keep_idx)
         n_kept = keep_idx.shape[1]
         n_high = max(1, int(round(self.keep_ratio * n_kept)))
         ranked = torch.gather(keep_idx, 1, score.argsort(dim=1, descending=True))
         high_mask = _mask_from_indices(ranked[:, :n_high], self.num_patches)
         soft = self.ensemble.mixture(logits, self.temperature)
-        if self.low_label == "low-tokens" and n_high < n_kept:
-            low_idx = ranked[:, n_high:].sort(dim=1).values
+        low_idx = (~high_mask).nonzero()[:, 1].view(len(labels), -1) if dense \
+            else ranked[:, n_high:].sort(dim=1).values
+        if self.low_label == "low-tokens" and low_idx.shape[1] > 0:
             low = self.ensemble.predict(images, self.temperature, keep_idx=low_idx)
         else:
             low = soft
@@ -229,5 +241,5 @@ def build_inverter(ensemble: TeacherEnsemble, cfg: FedMITRConfig,
         jitter=inv.inv_jitter, flip=inv.inv_flip and hflip_ok,
         prune_at=inv.prune_at if sparse else (), prune_ratio=inv.prune_ratio,
         keep_ratio=inv.keep_ratio, temperature=cfg.distill.temperature,
-        low_label=cfg.distill.low_label,
+        low_label=cfg.distill.low_label, pruned_patches=inv.pruned_patches,
     )

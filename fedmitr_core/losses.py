@@ -65,15 +65,19 @@ class TokenRelabelLoss(nn.Module):
     ``+ hi_weight · mean_{i∈H} CE(h_tok(t_i), y)``
     ``+ lo_weight · T² · mean_{i∈L} KL(q_L^T ‖ softmax(h_tok(t_i)/T))``.
     With ``hi_weight = lo_weight = 0`` it is plain KD (DeepInversion's student loss).
+    With ``hi_agreed_only`` the H term counts only images whose ensemble
+    prediction agrees with the synthetic label: an image the ensemble puts in
+    another class does not teach its H tokens a label the teachers reject.
     """
 
     def __init__(self, kd_weight: float, hi_weight: float, lo_weight: float,
-                 temperature: float) -> None:
+                 temperature: float, hi_agreed_only: bool = False) -> None:
         super().__init__()
         self.kd_weight = kd_weight
         self.hi_weight = hi_weight
         self.lo_weight = lo_weight
         self.temperature = temperature
+        self.hi_agreed_only = hi_agreed_only
 
     @property
     def uses_tokens(self) -> bool:
@@ -108,6 +112,8 @@ class TokenRelabelLoss(nn.Module):
         b, n, c = token_logits.shape
         high = high_mask.float()
         low = 1.0 - high
+        if self.hi_agreed_only:
+            high = high * (soft_labels.argmax(dim=-1) == labels).float().unsqueeze(1)
         ce = F.cross_entropy(token_logits.float().reshape(b * n, c),
                              labels.repeat_interleave(n), reduction="none").view(b, n)
         hi = (ce * high).sum() / high.sum().clamp_min(1.0)

@@ -79,13 +79,18 @@ class StudentViT(nn.Module):
     """A ViT with its CLS head plus a token head applied to every patch token.
 
     Inference uses the CLS head only (``forward``); ``forward_tokens`` also
-    returns the token head's logits for token relabelling.
+    returns the token head's logits for token relabelling. With
+    ``token_head_from_cls`` the token head starts as a copy of the CLS head, so
+    its first gradients agree with what the backbone already encodes instead
+    of pulling the features towards a random projection.
     """
 
-    def __init__(self, vit: VisionTransformer) -> None:
+    def __init__(self, vit: VisionTransformer, token_head_from_cls: bool = False) -> None:
         super().__init__()
         self.vit = vit
         self.token_head = nn.Linear(vit.embed_dim, vit.num_classes)
+        if token_head_from_cls:
+            self.token_head.load_state_dict(vit.head.state_dict())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.vit(x)

@@ -88,7 +88,7 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
     ctx = ServerContext(
         teachers=teachers, ensemble=ensemble, cfg=cfg, num_classes=splits.num_classes,
         in_chans=splits.in_chans, image_size=splits.image_size, hflip_ok=splits.hflip_ok,
-        device=device, emit=emit,
+        device=device, emit=emit, real_train=splits.train,
     )
 
     def score(model: Any, seconds: float, **details: Any) -> dict[str, Any]:

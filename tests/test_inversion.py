@@ -16,12 +16,13 @@ def _ensemble(k=3):
     return TeacherEnsemble(TeacherSet(models, counts), "class", "loop", torch.device("cpu"))
 
 
-def _inverter(ens, prune_at, iterations=8, keep_ratio=0.5, low_label="low-tokens", lr=0.1):
+def _inverter(ens, prune_at, iterations=8, keep_ratio=0.5, low_label="low-tokens", lr=0.1,
+              pruned_patches="blank"):
     return ModelInverter(
         ensemble=ens, image_shape=(1, 16, 16), patch_size=4, iterations=iterations, lr=lr,
         betas=(0.5, 0.99), loss=InversionLoss(1e-4, 1e-5, "per-teacher"), jitter=1,
         flip=False, prune_at=prune_at, prune_ratio=0.3, keep_ratio=keep_ratio,
-        temperature=3.0, low_label=low_label)
+        temperature=3.0, low_label=low_label, pruned_patches=pruned_patches)
 
 
 def test_sparse_inversion_prunes_the_expected_number_of_patches():
@@ -40,6 +41,27 @@ def test_sparse_inversion_prunes_the_expected_number_of_patches():
     assert (pool.images[pixels] != 0).float().mean() > 0.9
     torch.testing.assert_close(pool.soft_labels.sum(dim=1), torch.ones(6))
     torch.testing.assert_close(pool.low_labels.sum(dim=1), torch.ones(6))
+
+
+def test_sparse_inversion_can_keep_pruned_patches_and_label_them_low():
+    ens = _ensemble()
+    labels = torch.arange(6) % 10
+    blank = _inverter(ens, (0.25, 0.5)).synthesize(labels, torch.Generator().manual_seed(0))
+    kept = _inverter(ens, (0.25, 0.5), pruned_patches="keep").synthesize(
+        labels, torch.Generator().manual_seed(0))
+    # Same optimisation, so the same patches were pruned; now they keep their values.
+    assert torch.equal(kept.inverted_mask, blank.inverted_mask)
+    pixels = kept.inverted_mask.view(6, 1, 4, 4).repeat_interleave(4, 2).repeat_interleave(4, 3)
+    torch.testing.assert_close(kept.images[pixels], blank.images[pixels])
+    assert (kept.images[~pixels] != 0).float().mean() > 0.9
+    # H is still 4 of the 9 kept patches; soft labels come from the whole image.
+    assert (kept.high_mask.sum(dim=1) == 4).all()
+    assert not (kept.high_mask & ~kept.inverted_mask).any()
+    torch.testing.assert_close(kept.soft_labels, ens.predict(kept.images, 3.0))
+    # q_L: the ensemble on the 12 patches outside H (pruned ones included).
+    low_idx = (~kept.high_mask).nonzero()[:, 1].view(6, -1)
+    assert low_idx.shape == (6, 12)
+    torch.testing.assert_close(kept.low_labels, ens.predict(kept.images, 3.0, keep_idx=low_idx))
 
 
 def test_dense_inversion_keeps_every_patch_and_lowers_the_loss():

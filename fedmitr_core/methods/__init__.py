@@ -8,6 +8,7 @@ from fedmitr_core.methods.distillation import (
     run_fedmitr,
     run_fedmitr_relabel,
     run_fedmitr_sparse,
+    run_kd_real,
 )
 from fedmitr_core.methods.fedavg import run_fedavg
 
@@ -17,6 +18,7 @@ METHODS: dict[str, ServerMethod] = {
     "fedmitr-sparse": run_fedmitr_sparse,
     "fedmitr-relabel": run_fedmitr_relabel,
     "fedavg": run_fedavg,
+    "kd-real": run_kd_real,
 }
 
 __all__ = ["METHODS", "MethodResult", "ServerContext", "ServerMethod"]

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from fedmitr_core.config import FedMITRConfig
+from fedmitr_core.data import Split
 from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet
 from fedmitr_core.inversion import SyntheticPool
 from fedmitr_core.models import StudentViT, build_vit
@@ -29,6 +30,7 @@ class ServerContext:
     hflip_ok: bool
     device: torch.device
     emit: Emit | None = None
+    real_train: Split | None = None  # only for the ``kd-real`` oracle reference
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -72,4 +74,4 @@ def make_student(ctx: ServerContext) -> StudentViT:
     vit = ctx.new_vit()
     if ctx.cfg.distill.student_init == "fedavg":
         vit.load_state_dict(fedavg_state(ctx.teachers))
-    return StudentViT(vit)
+    return StudentViT(vit, token_head_from_cls=ctx.cfg.distill.token_head_init == "cls-head")

@@ -6,8 +6,10 @@ student trains with; the pieces (inverter, loss, distillation loop) are shared.
 
 from __future__ import annotations
 
+import torch
+
 from fedmitr_core.distill import LiveRelabel, distill_student
-from fedmitr_core.inversion import build_inverter
+from fedmitr_core.inversion import SyntheticPool, build_inverter
 from fedmitr_core.losses import TokenRelabelLoss
 from fedmitr_core.methods.base import MethodResult, ServerContext, ServerMethod, make_student
 
@@ -25,30 +27,55 @@ def inversion_distillation(name: str, sparse: bool, token_relabel: bool, salt: i
             cfg.inversion.syn_images, cfg.inversion.syn_batch_size, ctx.num_classes, gen,
             label=f"{name}: {kind} inversion step", emit=ctx.emit,
         )
-        d = cfg.distill
-        loss = TokenRelabelLoss(
-            kd_weight=d.kd_weight,
-            hi_weight=d.hi_weight if token_relabel else 0.0,
-            lo_weight=d.lo_weight if token_relabel else 0.0,
-            temperature=d.temperature,
-        )
-        live = None
-        if d.live_mix > 0 or d.live_shift > 0:
-            live = LiveRelabel(ctx.ensemble, d.live_mix, d.live_shift, d.temperature,
-                               d.kd_weight)
-        student = distill_student(
-            make_student(ctx), pool, loss, d.distill_epochs, d.distill_batch_size,
-            d.distill_lr, ctx.device, gen, label=f"{name}: distillation epoch", emit=ctx.emit,
-            live=live,
-        )
-        return MethodResult(model=student.vit, pool=pool,
-                            details={"pool-on-target": pool.on_target_rate(),
-                                     "pool-size": len(pool)})
+        return distill_on_pool(ctx, name, pool, gen, token_relabel)
 
     run.__name__ = f"run_{name.replace('-', '_')}"
     run.__doc__ = (f"{name}: {'sparse' if sparse else 'dense'} inversion, KD"
                    f"{' + token relabelling' if token_relabel else ''}.")
     return run
+
+
+def distill_on_pool(ctx: ServerContext, name: str, pool: SyntheticPool,
+                    gen: torch.Generator, token_relabel: bool) -> MethodResult:
+    """The shared student training: KD (+ token relabelling) on ``pool``, live relabelling."""
+    d = ctx.cfg.distill
+    loss = TokenRelabelLoss(
+        kd_weight=d.kd_weight,
+        hi_weight=d.hi_weight if token_relabel else 0.0,
+        lo_weight=d.lo_weight if token_relabel else 0.0,
+        temperature=d.temperature, hi_agreed_only=d.hi_agreed_only,
+    )
+    live = None
+    if d.live_mix > 0 or d.live_shift > 0:
+        live = LiveRelabel(ctx.ensemble, d.live_mix, d.live_shift, d.temperature,
+                           d.kd_weight)
+    student = distill_student(
+        make_student(ctx), pool, loss, d.distill_epochs, d.distill_batch_size,
+        d.distill_lr, ctx.device, gen, label=f"{name}: distillation epoch", emit=ctx.emit,
+        live=live, kept_tokens_only=d.student_tokens != "all",
+        live_kept_tokens=d.student_tokens == "kept-live",
+    )
+    return MethodResult(model=student.vit, pool=pool,
+                        details={"pool-on-target": pool.on_target_rate(),
+                                 "pool-size": len(pool)})
+
+
+def run_kd_real(ctx: ServerContext) -> MethodResult:
+    """Oracle reference: the same student and KD, on the *real* training images.
+
+    No one-shot server has these images; the row separates what the teachers
+    know from what the synthetic pool carries of it.
+    """
+    if ctx.real_train is None:
+        raise ValueError("method 'kd-real' needs the real training split (an oracle reference)")
+    images, labels = ctx.real_train.images, ctx.real_train.labels
+    soft = torch.cat([ctx.ensemble.predict(images[i: i + 512], ctx.cfg.distill.temperature).cpu()
+                      for i in range(0, len(images), 512)])
+    every = torch.ones(len(labels), ctx.ensemble.num_patches, dtype=torch.bool)
+    pool = SyntheticPool(images=images.clone(), labels=labels.clone(), high_mask=every,
+                         inverted_mask=every.clone(), soft_labels=soft, low_labels=soft.clone())
+    result = distill_on_pool(ctx, "kd-real", pool, ctx.generator(3), token_relabel=False)
+    return MethodResult(model=result.model, details={"train-images": len(pool)})
 
 
 run_fedmitr = inversion_distillation("fedmitr", sparse=True, token_relabel=True, salt=1)
