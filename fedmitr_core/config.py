@@ -205,6 +205,8 @@ class ServerConfig:
     round_timeout: float = 3600.0
     output_dir: str = "outputs"
     run_name: str = ""
+    checkpoint_every: int = 10
+    resume_from: str = ""
 
     def __post_init__(self) -> None:
         from fedmitr_core.methods import METHODS
@@ -216,6 +218,13 @@ class ServerConfig:
                self.min_clients)
         _check(self.round_timeout > 0, "round-timeout", "a float > 0 (seconds)",
                self.round_timeout)
+        _check(self.checkpoint_every >= 0, "checkpoint-every",
+               "an integer >= 0 (distillation epochs; 0 turns checkpoints off)",
+               self.checkpoint_every)
+        if self.resume_from:
+            uploads = Path(self.resume_from).expanduser() / "uploads"
+            _check(uploads.is_dir(), "resume-from",
+                   "a run folder holding the persisted uploads in 'uploads/'", self.resume_from)
         _check("/" not in self.run_name and self.run_name not in (".", ".."), "run-name",
                "a folder name without '/'", self.run_name)
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from fedmitr_core.checkpoint import load_checkpoint, save_checkpoint
 from fedmitr_core.ensemble import TeacherEnsemble
 from fedmitr_core.inversion import SyntheticPool
 from fedmitr_core.losses import TokenRelabelLoss, soft_kl
@@ -63,13 +66,17 @@ def distill_student(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRela
                     epochs: int, batch_size: int, lr: float, device: torch.device,
                     generator: torch.Generator, label: str, emit: Emit | None,
                     live: LiveRelabel | None = None, kept_tokens_only: bool = True,
-                    live_kept_tokens: bool = False) -> StudentViT:
+                    live_kept_tokens: bool = False, checkpoint: Path | None = None,
+                    checkpoint_every: int = 0) -> StudentViT:
     """Train ``student`` in place on ``pool`` with ``loss_fn``; return it in eval mode.
 
     With ``live``, each step also distils on augmented pool images that the
     ensemble labels on the fly. With ``kept_tokens_only`` the student sees only
     the patches kept to the end of inversion; otherwise every patch, the
-    pruned (blank) ones counting as low-attention.
+    pruned (blank) ones counting as low-attention. With ``checkpoint`` and
+    ``checkpoint_every > 0`` the student, optimiser, schedule and ``generator``
+    are saved atomically every that many epochs, and training resumes from
+    that file when it exists.
     """
     student.to(device).train()
     opt = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.05)
@@ -79,8 +86,18 @@ def distill_student(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRela
     kept = pool.kept_indices() if kept_tokens_only else None
     if kept is not None:
         kept = kept.to(device)
-    progress = Progress(label, epochs, emit)
-    for _ in range(epochs):
+    first_epoch = 0
+    saved = load_checkpoint(checkpoint) if checkpoint is not None else None
+    if saved is not None:
+        student.load_state_dict(saved["student"])
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+        generator.set_state(saved["generator"])
+        first_epoch = int(saved["epoch"])
+        if emit is not None:
+            emit(f"{label}: resumed from the checkpoint after epoch {first_epoch}")
+    progress = Progress(label, epochs - first_epoch, emit)
+    for epoch in range(first_epoch, epochs):
         total, seen = 0.0, 0
         for idx in iterate_batches(len(pool), batch_size, generator):
             idx = idx.to(device)
@@ -104,4 +121,9 @@ def distill_student(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRela
             total += float(loss.detach()) * len(idx)
             seen += len(idx)
         progress.step(loss=total / max(1, seen))
+        if checkpoint is not None and checkpoint_every > 0 and (epoch + 1) % checkpoint_every == 0:
+            save_checkpoint(checkpoint, {
+                "student": student.state_dict(), "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict(), "generator": generator.get_state(),
+                "epoch": epoch + 1})
     return student.eval()

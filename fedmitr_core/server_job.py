@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from fedmitr_core.checkpoint import load_method_result, load_pool, save_method_result
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data import DatasetSplits
 from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet
@@ -58,7 +60,8 @@ def _versions() -> dict[str, str]:
 
 def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: DatasetSplits,
                        run_dir: Path, emit: Emit | None = None,
-                       upload_report: dict[str, Any] | None = None) -> ServerOutcome:
+                       upload_report: dict[str, Any] | None = None, resume: bool = False
+                       ) -> ServerOutcome:
     """Run the configured methods on the teachers and write every output.
 
     Parameters
@@ -76,8 +79,13 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
         Where progress lines go.
     upload_report
         Accepted / rejected uploads, recorded in ``metrics.json``.
+    resume
+        Reuse ``<run_dir>/state/`` (finished methods, pools, distillation
+        checkpoints) left by a run that was stopped; otherwise start afresh.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        shutil.rmtree(run_dir / "state", ignore_errors=True)
     write_config(run_dir, cfg.to_flat())
     set_seed(cfg.seed)
     device = resolve_device(cfg.server.device)
@@ -88,7 +96,7 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
     ctx = ServerContext(
         teachers=teachers, ensemble=ensemble, cfg=cfg, num_classes=splits.num_classes,
         in_chans=splits.in_chans, image_size=splits.image_size, hflip_ok=splits.hflip_ok,
-        device=device, emit=emit, real_train=splits.train,
+        device=device, emit=emit, real_train=splits.train, state_dir=run_dir / "state",
     )
 
     def score(model: Any, seconds: float, **details: Any) -> dict[str, Any]:
@@ -100,17 +108,28 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
     first_pool = None
     global_model: nn.Module | None = None
     for name in cfg.server.methods:
-        log(f"method '{name}': start")
-        start = time.perf_counter()
-        out = METHODS[name](ctx)
-        seconds = time.perf_counter() - start
-        results[name] = score(out.model.to(device), seconds, **out.details)
+        folder = run_dir / "state" / name
+        done = load_method_result(folder, ctx.new_vit)
+        if done is not None:
+            model, saved = done
+            seconds, details = float(saved["seconds"]), saved["details"]
+            pool_file = folder / "pool.safetensors"
+            pool = load_pool(pool_file, torch.Generator()) if pool_file.is_file() else None
+            log(f"method '{name}': finished before the restart, read from {folder}")
+        else:
+            log(f"method '{name}': start")
+            start = time.perf_counter()
+            out = METHODS[name](ctx)
+            seconds = time.perf_counter() - start
+            model, details, pool = out.model, out.details, out.pool
+            save_method_result(folder, model, {"seconds": seconds, "details": details})
+        results[name] = score(model.to(device), seconds, **details)
         log(f"method '{name}': test accuracy {100 * results[name]['accuracy']:.2f} % "
             f"in {seconds:.1f} s")
         if global_model is None:
-            global_model = out.model
-        if first_pool is None and out.pool is not None:
-            first_pool = (name, out.pool)
+            global_model = model
+        if first_pool is None and pool is not None:
+            first_pool = (name, pool)
 
     start = time.perf_counter()
     ens = score(lambda x: ensemble.predict(x), 0.0)

@@ -89,7 +89,9 @@ def validate_upload(arrays: Mapping[str, np.ndarray], metrics: Mapping[str, Any]
     return problems
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Write ``path`` through a temporary file, fsync and an atomic rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
     with open(tmp, "rb") as fh:
@@ -105,9 +107,9 @@ def persist_upload(folder: Path, upload: Upload) -> Path:
     meta = {"client-id": upload.client_id, "num-examples": upload.num_examples,
             "label-counts": [int(v) for v in upload.label_counts],
             "metrics": {k: v for k, v in upload.metrics.items() if k != "label-counts"}}
-    _atomic_write(weights, lambda p: save_file(
+    atomic_write(weights, lambda p: save_file(
         {k: np.ascontiguousarray(v) for k, v in upload.arrays.items()}, str(p)))
-    _atomic_write(folder / f"{stem}.json",
+    atomic_write(folder / f"{stem}.json",
                   lambda p: p.write_text(json.dumps(meta, indent=1), encoding="utf-8"))
     return weights
 

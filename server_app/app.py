@@ -12,8 +12,9 @@ from flwr.serverapp import Grid, ServerApp
 from fedmitr_core.client_job import initial_model
 from fedmitr_core.config import parse_config
 from fedmitr_core.data import load_dataset
+from fedmitr_core.offline import resume_run
 from fedmitr_core.server_job import resolve_run_dir
-from server_app.strategy import OneShotStrategy
+from server_app.strategy import OneShotStrategy, emit_log
 
 APP_DIR = Path(__file__).resolve().parents[1]
 
@@ -24,6 +25,11 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """One-shot FedMITR: clients train once, the server distils the global ViT."""
     cfg = parse_config(context.run_config)
+    if cfg.server.resume_from:
+        # Everything the clients sent was persisted before the server stopped:
+        # finish from there without a round.
+        resume_run(Path(cfg.server.resume_from).expanduser().resolve(), emit=emit_log)
+        return
     run_dir = resolve_run_dir(cfg, APP_DIR)
     log(INFO, "FedMITR: methods %s, outputs in %s", ",".join(cfg.server.methods), run_dir)
     splits = load_dataset(cfg.data, cfg.seed)

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data import DatasetSplits
 from fedmitr_core.models import build_vit
+from fedmitr_core.offline import UPLOAD_REPORT
 from fedmitr_core.server_job import ServerOutcome, run_server_methods
 from fedmitr_core.uploads import (
     Upload,
@@ -25,7 +28,8 @@ from fedmitr_core.uploads import (
 )
 
 
-def _emit(line: str) -> None:
+def emit_log(line: str) -> None:
+    """Send each line of ``line`` to Flower's log."""
     for part in line.splitlines():
         log(INFO, part)
 
@@ -51,11 +55,19 @@ class OneShotStrategy(FedAvg):
         self.run_dir = run_dir
         self.upload_dir = run_dir / "uploads"
         self.outcome: ServerOutcome | None = None
+        self.sampled_nodes: set[int] = set()
         self.upload_report: dict[str, Any] = {}
 
     def _new_model(self):  # noqa: ANN202
         return build_vit(self.cfg.model.model, self.splits.num_classes, self.splits.image_size,
                          self.splits.in_chans, self.cfg.model.patch_size)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """FedAvg's sampling; remembers which nodes were asked, to name the silent ones."""
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self.sampled_nodes = {int(m.metadata.dst_node_id) for m in messages}
+        return messages
 
     def receive_uploads(self, replies: Iterable[Message]) -> dict[str, Any]:
         """Validate and persist each reply; return what was accepted and rejected."""
@@ -64,8 +76,10 @@ class OneShotStrategy(FedAvg):
         rejected: list[dict[str, Any]] = []
         failed: list[dict[str, Any]] = []
         reported_partitions: set[int] = set()
+        replied: set[int] = set()
         for msg in replies:
             node = int(msg.metadata.src_node_id)
+            replied.add(node)
             if msg.has_error():
                 failed.append({"node-id": node, "reason": str(msg.error.reason)})
                 log(WARNING, "client node %d failed: %s", node, msg.error.reason)
@@ -100,10 +114,14 @@ class OneShotStrategy(FedAvg):
                 metrics=metrics))
             accepted.append({"client-id": client_id, "node-id": node,
                              "num-examples": int(metrics["num-examples"])})
+        # Nodes asked to train whose reply never came (timed out or lost on the way).
+        for node in sorted(self.sampled_nodes - replied):
+            failed.append({"node-id": node, "reason": "no reply before 'round-timeout'"})
+            log(WARNING, "client node %d sent no reply before the round timeout", node)
         expected = max(reported_partitions) if reported_partitions else None
         report = {"accepted": accepted, "rejected": rejected, "failed": failed,
                   "num-partitions": expected}
-        log(INFO, "uploads: %d accepted, %d rejected, %d failed; persisted to %s",
+        log(INFO, "uploads: %d accepted, %d rejected, %d failed or silent; persisted to %s",
             len(accepted), len(rejected), len(failed), self.upload_dir)
         if expected is not None and len(accepted) < expected:
             log(WARNING, "only %d of %d partitions are in the teacher set: the global model "
@@ -117,6 +135,9 @@ class OneShotStrategy(FedAvg):
         """Persist the uploads, then run the server methods on them."""
         report = self.receive_uploads(replies)
         self.upload_report = report
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / UPLOAD_REPORT).write_text(json.dumps(report, indent=1),
+                                                  encoding="utf-8")
         needed = max(1, self.cfg.server.min_clients)
         if len(report["accepted"]) < needed:
             raise InsufficientUploadsError(
@@ -124,7 +145,7 @@ class OneShotStrategy(FedAvg):
                 f"asks for at least {needed}; accepted uploads are kept in {self.upload_dir}")
         teachers = load_teacher_set(self.upload_dir, self._new_model)
         self.outcome = run_server_methods(teachers, self.cfg, self.splits, self.run_dir,
-                                          emit=_emit, upload_report=report)
+                                          emit=emit_log, upload_report=report)
         metrics = MetricRecord({f"{name}-accuracy": float(r["accuracy"])
                                 for name, r in self.outcome.results.items()})
         return ArrayRecord(self.outcome.global_model.state_dict()), metrics

@@ -34,3 +34,13 @@ def tiny_run_config() -> dict:
 @pytest.fixture
 def tiny_cfg(tmp_path: Path) -> FedMITRConfig:
     return parse_config({**TINY, "output-dir": str(tmp_path / "out"), "run-name": "t"})
+
+
+@pytest.fixture(autouse=True)
+def _task_identity():
+    """Messages made outside a Flower process need a task identity."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id = 1
+    TaskIdentity.node_id = 0
+    TaskIdentity.task_id = 1

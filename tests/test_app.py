@@ -7,20 +7,12 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
 
 from client_app.app import app as client_app
 from fedmitr_core.client_job import initial_model
 from fedmitr_core.config import parse_config
 from fedmitr_core.data import load_dataset
 from server_app.strategy import InsufficientUploadsError, OneShotStrategy
-
-
-@pytest.fixture(autouse=True)
-def _task_identity():
-    TaskIdentity.run_id = 1
-    TaskIdentity.node_id = 0
-    TaskIdentity.task_id = 1
 
 
 class InProcessGrid(Grid):

@@ -76,6 +76,15 @@ def test_flwr_run_end_to_end(tmp_path, flwr_env):
     assert results["fedmitr"]["accuracy"] > 0.15
     assert "| fedmitr |" in log and "ETA" in log
 
+    # A restarted server finishes from the persisted run without a round: here every
+    # method had finished, so all is read back and the figures stay the same.
+    resumed = _flwr_run(flwr_env, {"resume-from": str(run_dir)}, supernodes=2)
+    rlog = resumed.stdout + resumed.stderr
+    assert "no client contacted" in rlog and "finished before the restart" in rlog, rlog[-3000:]
+    assert "configure_train" not in rlog
+    again = json.loads((run_dir / "metrics.json").read_text())["results"]
+    assert again["fedmitr"]["accuracy"] == results["fedmitr"]["accuracy"]
+
     # The benchmark runs the same client and server code: same seed, same figures.
     bench_config = {k: v for k, v in run_config.items() if k not in ("output-dir", "run-name")}
     preset = tmp_path / "same.yaml"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +32,11 @@ class ServerContext:
     device: torch.device
     emit: Emit | None = None
     real_train: Split | None = None  # only for the ``kd-real`` oracle reference
+    state_dir: Path | None = None  # crash-safe state: pools, checkpoints (None: keep none)
+
+    def method_state(self, name: str) -> Path | None:
+        """Where method ``name`` keeps its pool and checkpoints, if anywhere."""
+        return None if self.state_dir is None else self.state_dir / name
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from fedmitr_core.checkpoint import load_pool, save_pool
 from fedmitr_core.distill import LiveRelabel, distill_student
 from fedmitr_core.inversion import SyntheticPool, build_inverter
 from fedmitr_core.losses import TokenRelabelLoss
@@ -21,12 +22,21 @@ def inversion_distillation(name: str, sparse: bool, token_relabel: bool, salt: i
     def run(ctx: ServerContext) -> MethodResult:
         cfg = ctx.cfg
         gen = ctx.generator(salt)
-        inverter = build_inverter(ctx.ensemble, cfg, ctx.image_shape, ctx.hflip_ok, sparse)
-        kind = "sparse" if sparse else "dense"
-        pool = inverter.synthesize_pool(
-            cfg.inversion.syn_images, cfg.inversion.syn_batch_size, ctx.num_classes, gen,
-            label=f"{name}: {kind} inversion step", emit=ctx.emit,
-        )
+        folder = ctx.method_state(name)
+        pool_file = None if folder is None else folder / "pool.safetensors"
+        if pool_file is not None and pool_file.is_file():
+            pool = load_pool(pool_file, gen)
+            if ctx.emit is not None:
+                ctx.emit(f"{name}: synthetic pool of {len(pool)} images read from {pool_file}")
+        else:
+            inverter = build_inverter(ctx.ensemble, cfg, ctx.image_shape, ctx.hflip_ok, sparse)
+            kind = "sparse" if sparse else "dense"
+            pool = inverter.synthesize_pool(
+                cfg.inversion.syn_images, cfg.inversion.syn_batch_size, ctx.num_classes, gen,
+                label=f"{name}: {kind} inversion step", emit=ctx.emit,
+            )
+            if pool_file is not None:
+                save_pool(pool_file, pool, gen)
         return distill_on_pool(ctx, name, pool, gen, token_relabel)
 
     run.__name__ = f"run_{name.replace('-', '_')}"
@@ -54,6 +64,9 @@ def distill_on_pool(ctx: ServerContext, name: str, pool: SyntheticPool,
         d.distill_lr, ctx.device, gen, label=f"{name}: distillation epoch", emit=ctx.emit,
         live=live, kept_tokens_only=d.student_tokens != "all",
         live_kept_tokens=d.student_tokens == "kept-live",
+        checkpoint=None if ctx.method_state(name) is None
+        else ctx.method_state(name) / "distill.pt",
+        checkpoint_every=ctx.cfg.server.checkpoint_every,
     )
     return MethodResult(model=student.vit, pool=pool,
                         details={"pool-on-target": pool.on_target_rate(),
@@ -75,6 +88,7 @@ def run_kd_real(ctx: ServerContext) -> MethodResult:
     pool = SyntheticPool(images=images.clone(), labels=labels.clone(), high_mask=every,
                          inverted_mask=every.clone(), soft_labels=soft, low_labels=soft.clone())
     result = distill_on_pool(ctx, "kd-real", pool, ctx.generator(3), token_relabel=False)
+    # The real images are not a synthetic pool: nothing of them is kept with the result.
     return MethodResult(model=result.model, details={"train-images": len(pool)})
 
 

@@ -1,0 +1,135 @@
+"""Faults: every kind of bad upload, silent and failing clients, fed to the real Strategy."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
+from test_app import InProcessGrid, _initial
+
+from fedmitr_core.config import ConfigError, parse_config
+from fedmitr_core.models import build_vit
+from server_app.strategy import OneShotStrategy
+
+
+def _state(reply: Message) -> dict:
+    return reply.content.array_records["arrays"].to_torch_state_dict()
+
+
+def _metrics(reply: Message) -> dict:
+    return dict(reply.content.metric_records["metrics"])
+
+
+def _with(reply: Message, state: dict | None = None, metrics: dict | None = None) -> Message:
+    content = RecordDict({
+        "arrays": ArrayRecord(state if state is not None else _state(reply)),
+        "metrics": MetricRecord(metrics if metrics is not None else _metrics(reply)),
+    })
+    return Message(content=content, reply_to=Message(
+        content=RecordDict(), dst_node_id=reply.metadata.src_node_id, message_type="train"))
+
+
+def _set(state: dict, name: str, value: torch.Tensor) -> dict:
+    return {**state, name: value}
+
+
+# partition id -> (how its reply is altered, what the rejection reason must say)
+BAD = {
+    1: (lambda r: _with(r, _set(_state(r), "head.weight",
+                                _state(r)["head.weight"].index_fill(1, torch.tensor([0]),
+                                                                    float("nan")))), "NaN"),
+    2: (lambda r: _with(r, _set(_state(r), "head.bias", torch.full((10,), float("inf")))),
+        "Inf"),
+    3: (lambda r: _with(r, {k: v for k, v in _state(r).items() if k != "head.bias"}),
+        "missing arrays"),
+    4: (lambda r: _with(r, _set(_state(r), "backdoor.weight", torch.zeros(3))),
+        "unexpected arrays"),
+    5: (lambda r: _with(r, _set(_state(r), "head.weight", torch.zeros(10, 47))), "shape"),
+    6: (lambda r: _with(r, _set(_state(r), "head.weight",
+                                _state(r)["head.weight"].double())), "dtype"),
+    7: (lambda r: _with(r, build_vit("vit-micro", 10, 16, 1, 8).state_dict()), "shape"),
+    8: (lambda r: _with(r, _set(_state(r), "head.weight", torch.zeros(10, 48)) |
+                        {"padding": torch.zeros(2_000_000)}), "exceeds the limit"),
+    9: (lambda r: _with(r, metrics={k: v for k, v in _metrics(r).items()
+                                    if k != "num-examples"}), "num-examples"),
+    10: (lambda r: _with(r, metrics={**_metrics(r), "num-examples": -5}), "num-examples"),
+    11: (lambda r: _with(r, metrics={**_metrics(r), "label-counts": [-1] + [0] * 9}),
+         "non-negative"),
+    12: (lambda r: _with(r, metrics={**_metrics(r),
+                                     "label-counts": [int(v) + 1 for v in
+                                                      _metrics(r)["label-counts"]]}),
+         "sums to"),
+    13: (lambda r: _with(r, metrics={k: v for k, v in _metrics(r).items()
+                                     if k != "label-counts"}), "'label-counts' is missing"),
+}
+FAILS, SILENT = 14, 15
+NODES = 17  # partitions 0 and 16 stay good
+
+
+def _tamper(pid: int, reply: Message) -> Message | None:
+    if pid in BAD:
+        return BAD[pid][0](reply)
+    if pid == FAILS:
+        return Message(Error(code=0, reason="client crashed: out of memory"), reply_to=Message(
+            content=RecordDict(), dst_node_id=reply.metadata.src_node_id, message_type="train"))
+    if pid == SILENT:
+        return None  # never arrives: timed out
+    return reply
+
+
+class FaultyGrid(InProcessGrid):
+    def send_and_receive(self, messages, *, timeout=None):  # noqa: ANN001
+        return [r for r in super().send_and_receive(messages, timeout=timeout) if r is not None]
+
+
+def test_every_bad_upload_is_rejected_with_its_reason_and_the_run_goes_on(tiny_run_config,
+                                                                          tmp_path):
+    run_config = {**tiny_run_config, "local-epochs": 5, "methods": "fedavg",
+                  "output-dir": str(tmp_path), "run-name": "r"}
+    cfg = parse_config(run_config)
+    splits, arrays = _initial(cfg)
+    strategy = OneShotStrategy(cfg, splits, tmp_path / "r")
+    grid = FaultyGrid(run_config, num_nodes=NODES, tamper=_tamper)
+    strategy.start(grid=grid, initial_arrays=arrays, num_rounds=1, timeout=60)
+
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    uploads = metrics["uploads"]
+    accepted = sorted(a["client-id"].split("-node")[0] for a in uploads["accepted"])
+    assert accepted == ["partition-0000", "partition-0016"]
+    rejected = {int(r["client-id"].split("-")[1]): " ".join(r["reasons"])
+                for r in uploads["rejected"]}
+    assert sorted(rejected) == sorted(BAD)
+    for pid, (_, reason) in BAD.items():
+        assert reason in rejected[pid], (pid, rejected[pid])
+    failed = {f["node-id"]: f["reason"] for f in uploads["failed"]}
+    assert "out of memory" in failed[grid.nodes[FAILS]]
+    assert "round-timeout" in failed[grid.nodes[SILENT]]
+    assert metrics["num-teachers"] == 2
+    # Only the accepted uploads reached the disk, and nothing there is a pickle.
+    files = sorted(p.name for p in (tmp_path / "r" / "uploads").iterdir())
+    assert len(files) == 4 and all(f.endswith((".safetensors", ".json")) for f in files)
+    assert 0.0 <= metrics["results"]["fedavg"]["accuracy"] <= 1.0
+
+
+def test_resume_from_needs_a_run_folder_with_uploads(tmp_path):
+    with pytest.raises(ConfigError, match="'resume-from'"):
+        parse_config({"resume-from": str(tmp_path / "nowhere")})
+    (tmp_path / "run" / "uploads").mkdir(parents=True)
+    assert parse_config({"resume-from": str(tmp_path / "run")}).server.resume_from
+
+
+def test_checkpoint_every_must_not_be_negative():
+    with pytest.raises(ConfigError, match="'checkpoint-every'"):
+        parse_config({"checkpoint-every": -1})
+
+
+def test_same_seed_same_metrics(tiny_run_config, tmp_path):
+    from fedmitr_core.client_job import simulate_clients
+
+    cfg = parse_config({**tiny_run_config, "local-epochs": 3})
+    _, first = simulate_clients(cfg, 3)
+    _, second = simulate_clients(cfg, 3)
+    for a, b in zip(first, second, strict=True):
+        assert np.array_equal(a.label_counts, b.label_counts)
+        assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
