@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data import DatasetSplits
@@ -32,6 +33,57 @@ def emit_log(line: str) -> None:
     """Send each line of ``line`` to Flower's log."""
     for part in line.splitlines():
         log(INFO, part)
+
+
+class ArrivalGrid(Grid):
+    """A Grid that hands each reply to ``on_reply`` the moment it is pulled.
+
+    Flower's ``send_and_receive`` returns replies only when all are in or the
+    timeout passes; a server that dies meanwhile would lose them. This one
+    pushes, then pulls in a loop and passes every reply on as it arrives (the
+    strategy validates and persists it), then returns them all as usual.
+    Everything else is delegated to the wrapped grid.
+    """
+
+    def __init__(self, grid: Grid, on_reply: Callable[[Message], None],
+                 poll_seconds: float = 1.0) -> None:
+        self.grid, self.on_reply, self.poll_seconds = grid, on_reply, poll_seconds
+
+    def set_run(self, run_id: int) -> None:
+        self.grid.set_run(run_id)
+
+    @property
+    def run(self) -> Any:  # noqa: D102
+        return self.grid.run
+
+    def create_message(self, *args: Any, **kwargs: Any) -> Message:  # noqa: D102
+        return self.grid.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+        return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:
+        """Push ``messages``, pull replies until all are in or ``timeout`` passes."""
+        pending = set(self.push_messages(messages))
+        expected = len(pending)
+        end = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while pending and len(replies) < expected and (end is None or time.monotonic() < end):
+            arrived = list(self.pull_messages(pending))
+            for msg in arrived:
+                self.on_reply(msg)
+            replies.extend(arrived)
+            pending -= {m.metadata.reply_to_message_id for m in arrived}
+            if not arrived:
+                time.sleep(self.poll_seconds)
+        return replies
 
 
 class InsufficientUploadsError(RuntimeError):
@@ -56,6 +108,13 @@ class OneShotStrategy(FedAvg):
         self.upload_dir = run_dir / "uploads"
         self.outcome: ServerOutcome | None = None
         self.sampled_nodes: set[int] = set()
+        self._spec = expected_spec(self._new_model())
+        self._handled: list[Message] = []
+        self._replied: set[int] = set()
+        self._partitions: set[int] = set()
+        self._accepted: list[dict[str, Any]] = []
+        self._rejected: list[dict[str, Any]] = []
+        self._failed: list[dict[str, Any]] = []
         self.upload_report: dict[str, Any] = {}
 
     def _new_model(self):  # noqa: ANN202
@@ -69,51 +128,61 @@ class OneShotStrategy(FedAvg):
         self.sampled_nodes = {int(m.metadata.dst_node_id) for m in messages}
         return messages
 
-    def receive_uploads(self, replies: Iterable[Message]) -> dict[str, Any]:
-        """Validate and persist each reply; return what was accepted and rejected."""
-        spec = expected_spec(self._new_model())
-        accepted: list[dict[str, Any]] = []
-        rejected: list[dict[str, Any]] = []
-        failed: list[dict[str, Any]] = []
-        reported_partitions: set[int] = set()
-        replied: set[int] = set()
-        for msg in replies:
-            node = int(msg.metadata.src_node_id)
-            replied.add(node)
-            if msg.has_error():
-                failed.append({"node-id": node, "reason": str(msg.error.reason)})
-                log(WARNING, "client node %d failed: %s", node, msg.error.reason)
-                continue
-            content = msg.content
-            arrays: dict[str, Any] = {}
-            if len(content.array_records) != 1 or len(content.metric_records) != 1:
-                problems = ["reply must hold exactly one ArrayRecord and one MetricRecord"]
-                metrics: dict[str, Any] = {}
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 1,
+              timeout: float = 3600, **kwargs: Any) -> Result:
+        """FedAvg's ``start``, on a grid that hands over each reply as it arrives."""
+        return super().start(ArrivalGrid(grid, self.accept_reply), initial_arrays,
+                             num_rounds=num_rounds, timeout=timeout, **kwargs)
+
+    def accept_reply(self, msg: Message) -> None:
+        """Validate one reply and, if it is good, persist it at once (atomically)."""
+        if any(msg is seen for seen in self._handled):
+            return
+        self._handled.append(msg)
+        node = int(msg.metadata.src_node_id)
+        self._replied.add(node)
+        if msg.has_error():
+            self._failed.append({"node-id": node, "reason": str(msg.error.reason)})
+            log(WARNING, "client node %d failed: %s", node, msg.error.reason)
+            return
+        content = msg.content
+        arrays: dict[str, Any] = {}
+        if len(content.array_records) != 1 or len(content.metric_records) != 1:
+            problems = ["reply must hold exactly one ArrayRecord and one MetricRecord"]
+            metrics: dict[str, Any] = {}
+        else:
+            record = next(iter(content.array_records.values()))
+            metrics = dict(next(iter(content.metric_records.values())))
+            try:
+                arrays = {k: v.numpy() for k, v in record.items()}
+            except (ValueError, TypeError) as err:
+                arrays = {}
+                problems = [f"arrays could not be decoded as plain numpy arrays: {err}"]
             else:
-                record = next(iter(content.array_records.values()))
-                metrics = dict(next(iter(content.metric_records.values())))
-                try:
-                    arrays = {k: v.numpy() for k, v in record.items()}
-                except (ValueError, TypeError) as err:
-                    arrays = {}
-                    problems = [f"arrays could not be decoded as plain numpy arrays: {err}"]
-                else:
-                    problems = validate_upload(arrays, metrics, spec, self.splits.num_classes)
-            partition = metrics.get("partition-id")
-            if isinstance(metrics.get("num-partitions"), int):
-                reported_partitions.add(int(metrics["num-partitions"]))
-            client_id = (f"partition-{int(partition):04d}-node-{node}"
-                         if isinstance(partition, int) else f"node-{node}")
-            if problems:
-                rejected.append({"client-id": client_id, "node-id": node, "reasons": problems})
-                log(WARNING, "rejected upload from %s: %s", client_id, "; ".join(problems))
-                continue
-            persist_upload(self.upload_dir, Upload(
-                client_id=client_id, arrays=arrays, num_examples=int(metrics["num-examples"]),
-                label_counts=np.asarray(metrics["label-counts"], dtype=np.int64),
-                metrics=metrics))
-            accepted.append({"client-id": client_id, "node-id": node,
-                             "num-examples": int(metrics["num-examples"])})
+                problems = validate_upload(arrays, metrics, self._spec, self.splits.num_classes)
+        partition = metrics.get("partition-id")
+        if isinstance(metrics.get("num-partitions"), int):
+            self._partitions.add(int(metrics["num-partitions"]))
+        client_id = (f"partition-{int(partition):04d}-node-{node}"
+                     if isinstance(partition, int) else f"node-{node}")
+        if problems:
+            self._rejected.append({"client-id": client_id, "node-id": node, "reasons": problems})
+            log(WARNING, "rejected upload from %s: %s", client_id, "; ".join(problems))
+            return
+        persist_upload(self.upload_dir, Upload(
+            client_id=client_id, arrays=arrays, num_examples=int(metrics["num-examples"]),
+            label_counts=np.asarray(metrics["label-counts"], dtype=np.int64),
+            metrics=metrics))
+        self._accepted.append({"client-id": client_id, "node-id": node,
+                               "num-examples": int(metrics["num-examples"])})
+
+    def receive_uploads(self, replies: Iterable[Message]) -> dict[str, Any]:
+        """Take in every reply not seen yet; return what was accepted, rejected, missing."""
+        for msg in replies:
+            self.accept_reply(msg)
+        accepted, rejected = self._accepted, self._rejected
+        failed = list(self._failed)
+        replied, reported_partitions = self._replied, self._partitions
         # Nodes asked to train whose reply never came (timed out or lost on the way).
         for node in sorted(self.sampled_nodes - replied):
             failed.append({"node-id": node, "reason": "no reply before 'round-timeout'"})

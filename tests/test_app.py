@@ -5,14 +5,14 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
 
 from client_app.app import app as client_app
 from fedmitr_core.client_job import initial_model
 from fedmitr_core.config import parse_config
 from fedmitr_core.data import load_dataset
-from server_app.strategy import InsufficientUploadsError, OneShotStrategy
+from server_app.strategy import ArrivalGrid, InsufficientUploadsError, OneShotStrategy
 
 
 class InProcessGrid(Grid):
@@ -23,6 +23,8 @@ class InProcessGrid(Grid):
         self.run_config = run_config
         self.nodes = list(range(101, 101 + num_nodes))
         self.tamper = tamper
+        self.waiting: list = []
+        self.pulls = 0
 
     def set_run(self, run):  # noqa: ANN001
         self._run = run
@@ -38,21 +40,29 @@ class InProcessGrid(Grid):
         return list(self.nodes)
 
     def push_messages(self, messages):  # noqa: ANN001
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):  # noqa: ANN001
-        raise NotImplementedError
-
-    def send_and_receive(self, messages, *, timeout=None):  # noqa: ANN001
-        replies = []
-        for msg in messages:
+        """Run every node's real ClientApp now; replies wait to be pulled, one per pull."""
+        self.waiting = []
+        ids = []
+        for i, msg in enumerate(messages):
             node = msg.metadata.dst_node_id
             pid = self.nodes.index(node)
             ctx = Context(run_id=1, node_id=node, state=RecordDict(),
                           node_config={"partition-id": pid, "num-partitions": len(self.nodes)},
                           run_config=self.run_config)
             reply = client_app(msg, ctx)
-            replies.append(self.tamper(pid, reply) if self.tamper else reply)
+            reply = self.tamper(pid, reply) if self.tamper else reply
+            if reply is not None:  # None: the reply is lost (the node stays silent)
+                self.waiting.append(reply)
+            ids.append(f"m{i}")
+        return ids
+
+    def pull_messages(self, message_ids):  # noqa: ANN001
+        self.pulls += 1
+        return [self.waiting.pop(0)] if self.waiting else []
+
+    def send_and_receive(self, messages, *, timeout=None):  # noqa: ANN001
+        self.push_messages(messages)
+        replies, self.waiting = self.waiting, []
         return replies
 
 
@@ -98,6 +108,7 @@ def test_one_round_rejects_a_bad_upload_keeps_the_others(tiny_run_config, tmp_pa
     strategy = OneShotStrategy(cfg, splits, tmp_path / "r")
     grid = InProcessGrid(run_config, num_nodes=3, tamper=_poison)
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=1, timeout=60)
+    assert grid.pulls == 3  # the strategy pulled the replies one by one, as they came
 
     run_dir = tmp_path / "r"
     uploads = sorted(p.name for p in (run_dir / "uploads").glob("*.safetensors"))
@@ -126,3 +137,26 @@ def test_too_few_valid_uploads_stops_with_a_clear_message(tiny_run_config, tmp_p
     with pytest.raises(InsufficientUploadsError, match="min-clients"):
         strategy.start(grid=grid, initial_arrays=arrays, num_rounds=1, timeout=60)
     assert len(list((tmp_path / "r" / "uploads").glob("*.safetensors"))) == 2
+
+
+def test_each_upload_is_on_disk_as_soon_as_it_arrives(tiny_run_config, tmp_path):
+    run_config = {**tiny_run_config, "local-epochs": 3, "output-dir": str(tmp_path),
+                  "run-name": "r"}
+    cfg = parse_config(run_config)
+    splits, arrays = _initial(cfg)
+    strategy = OneShotStrategy(cfg, splits, tmp_path / "r")
+    grid = InProcessGrid(run_config, num_nodes=3)
+    on_disk_before_next_pull = []
+    pull = grid.pull_messages
+
+    def watching_pull(ids):  # noqa: ANN001, ANN202
+        on_disk_before_next_pull.append(
+            len(list((tmp_path / "r" / "uploads").glob("*.safetensors"))))
+        return pull(ids)
+
+    grid.pull_messages = watching_pull
+    messages = strategy.configure_train(1, arrays, ConfigRecord(), grid)
+    replies = ArrivalGrid(grid, strategy.accept_reply).send_and_receive(messages, timeout=10)
+    assert len(replies) == 3
+    # Before the 2nd and 3rd pulls, the replies pulled so far were already persisted.
+    assert on_disk_before_next_pull == [0, 1, 2]

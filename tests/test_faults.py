@@ -78,11 +78,6 @@ def _tamper(pid: int, reply: Message) -> Message | None:
     return reply
 
 
-class FaultyGrid(InProcessGrid):
-    def send_and_receive(self, messages, *, timeout=None):  # noqa: ANN001
-        return [r for r in super().send_and_receive(messages, timeout=timeout) if r is not None]
-
-
 def test_every_bad_upload_is_rejected_with_its_reason_and_the_run_goes_on(tiny_run_config,
                                                                           tmp_path):
     run_config = {**tiny_run_config, "local-epochs": 5, "methods": "fedavg",
@@ -90,8 +85,9 @@ def test_every_bad_upload_is_rejected_with_its_reason_and_the_run_goes_on(tiny_r
     cfg = parse_config(run_config)
     splits, arrays = _initial(cfg)
     strategy = OneShotStrategy(cfg, splits, tmp_path / "r")
-    grid = FaultyGrid(run_config, num_nodes=NODES, tamper=_tamper)
-    strategy.start(grid=grid, initial_arrays=arrays, num_rounds=1, timeout=60)
+    grid = InProcessGrid(run_config, num_nodes=NODES, tamper=_tamper)
+    # The silent node holds the round until the timeout; the others are in by then.
+    strategy.start(grid=grid, initial_arrays=arrays, num_rounds=1, timeout=3)
 
     metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
     uploads = metrics["uploads"]
