@@ -102,6 +102,9 @@ def test_every_bad_upload_is_rejected_with_its_reason_and_the_run_goes_on(tiny_r
     assert "out of memory" in failed[grid.nodes[FAILS]]
     assert "round-timeout" in failed[grid.nodes[SILENT]]
     assert metrics["num-teachers"] == 2
+    # The seed and the library versions are recorded beside the figures.
+    assert metrics["seed"] == cfg.seed
+    assert {"python", "torch", "timm", "numpy"} <= set(metrics["versions"])
     # Only the accepted uploads reached the disk, and nothing there is a pickle.
     files = sorted(p.name for p in (tmp_path / "r" / "uploads").iterdir())
     assert len(files) == 4 and all(f.endswith((".safetensors", ".json")) for f in files)
