@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config
+from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data import load_dataset
 from fedmitr_core.server_job import run_server_methods
 from fedmitr_core.upload_cache import cached_teachers
@@ -71,16 +71,6 @@ def load_sweep(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     for split in sweep["splits"]:
         parse_config({**run_config, **split})
     return run_config, sweep
-
-
-def _parse_sets(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set '{item}': expected key=value")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
 
 
 def _mean_std(values: list[float]) -> str:
@@ -183,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         args.preset,
         seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
         splits=args.splits.split(",") if args.splits else None,
-        overrides=_parse_sets(args.set), tag=args.tag,
+        overrides=parse_overrides(args.set, "--set"), tag=args.tag,
     )
 
 

@@ -23,6 +23,9 @@ from safetensors.torch import load_file, save_file
 from fedmitr_core.inversion import SyntheticPool
 from fedmitr_core.uploads import atomic_write
 
+POOL_FILE = "pool.safetensors"
+CHECKPOINT_FILE = "distill.pt"
+
 
 def save_pool(path: Path, pool: SyntheticPool, generator: torch.Generator) -> None:
     """A pool and the generator state right after it was made."""

@@ -10,7 +10,7 @@ import torch
 
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data import DatasetSplits, Split, load_dataset
-from fedmitr_core.models import build_vit, load_pretrained
+from fedmitr_core.models import build_vit, load_pretrained, vit_factory
 from fedmitr_core.partition import label_counts, partition_indices
 from fedmitr_core.training import resolve_device, set_seed, train_local
 
@@ -28,8 +28,7 @@ class ClientUpdate:
 def initial_model(cfg: FedMITRConfig, splits: DatasetSplits) -> torch.nn.Module:
     """The common starting point every client trains from (seeded, maybe pretrained)."""
     set_seed(cfg.seed)
-    model = build_vit(cfg.model.model, splits.num_classes, splits.image_size, splits.in_chans,
-                      cfg.model.patch_size)
+    model = vit_factory(cfg, splits)()
     load_pretrained(model, cfg.model.pretrained)
     return model
 

@@ -342,6 +342,17 @@ def load_preset(name: str, presets_dir: Path = SIM_CONFIGS_DIR) -> dict[str, Any
     return dict(overrides)
 
 
+def parse_overrides(items: list[str], flag: str) -> dict[str, Any]:
+    """``key=value`` strings from a command line as a mapping (values read as YAML)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"{flag} '{item}': expected key=value")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def parse_config(run_config: Mapping[str, Any], presets_dir: Path = SIM_CONFIGS_DIR
                  ) -> FedMITRConfig:
     """Build and validate the typed config from a flat run-config mapping.
@@ -397,4 +408,5 @@ __all__ = [
     "default_flat_config",
     "load_preset",
     "parse_config",
+    "parse_overrides",
 ]

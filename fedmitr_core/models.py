@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from fedmitr_core.tokens import forward_features_gathered
+
+if TYPE_CHECKING:
+    from fedmitr_core.config import FedMITRConfig
+    from fedmitr_core.data import DatasetSplits
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,12 @@ def build_vit(preset: str, num_classes: int, image_size: int, in_chans: int,
         num_heads=p.num_heads, mlp_ratio=p.mlp_ratio, class_token=True,
         global_pool="token",
     )
+
+
+def vit_factory(cfg: FedMITRConfig, splits: DatasetSplits) -> Callable[[], VisionTransformer]:
+    """A builder of fresh ViTs of the run's architecture for ``splits`` (no arguments)."""
+    return partial(build_vit, cfg.model.model, splits.num_classes, splits.image_size,
+                   splits.in_chans, cfg.model.patch_size)
 
 
 def load_pretrained(model: VisionTransformer, pretrained: str) -> list[str]:

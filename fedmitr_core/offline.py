@@ -25,9 +25,9 @@ import numpy as np
 import yaml
 from safetensors.numpy import load_file
 
-from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config
+from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data import DatasetSplits, load_dataset
-from fedmitr_core.models import build_vit
+from fedmitr_core.models import vit_factory
 from fedmitr_core.server_job import ServerOutcome, run_server_methods
 from fedmitr_core.uploads import (
     Upload,
@@ -40,11 +40,6 @@ from fedmitr_core.uploads import (
 UPLOAD_REPORT = "upload_report.json"
 
 
-def _new_model(cfg: FedMITRConfig, splits: DatasetSplits):  # noqa: ANN202
-    return build_vit(cfg.model.model, splits.num_classes, splits.image_size, splits.in_chans,
-                     cfg.model.patch_size)
-
-
 def resume_run(run_dir: Path, emit=print) -> ServerOutcome:  # noqa: ANN001
     """Finish the run in ``run_dir`` from its persisted uploads and server state."""
     config_file = run_dir / "config.yaml"
@@ -54,7 +49,7 @@ def resume_run(run_dir: Path, emit=print) -> ServerOutcome:  # noqa: ANN001
     flat["resume-from"] = str(run_dir)
     cfg = parse_config(flat)
     splits = load_dataset(cfg.data, cfg.seed)
-    teachers = load_teacher_set(run_dir / "uploads", lambda: _new_model(cfg, splits))
+    teachers = load_teacher_set(run_dir / "uploads", vit_factory(cfg, splits))
     report_file = run_dir / UPLOAD_REPORT
     report = json.loads(report_file.read_text()) if report_file.is_file() else {}
     emit(f"resuming {run_dir}: {len(teachers)} persisted uploads, no client contacted")
@@ -65,7 +60,7 @@ def resume_run(run_dir: Path, emit=print) -> ServerOutcome:  # noqa: ANN001
 def import_teachers(folder: Path, cfg: FedMITRConfig, splits: DatasetSplits, run_dir: Path
                     ) -> dict[str, Any]:
     """Validate published checkpoints and persist the good ones as the run's uploads."""
-    spec = expected_spec(_new_model(cfg, splits))
+    spec = expected_spec(vit_factory(cfg, splits)())
     accepted: list[dict[str, Any]] = []
     rejected: list[dict[str, Any]] = []
     files = sorted(folder.glob("*.safetensors"))
@@ -109,7 +104,7 @@ def distil_published(folder: Path, run_dir: Path, run_config: dict[str, Any], em
     splits = load_dataset(cfg.data, cfg.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
     report = import_teachers(folder, cfg, splits, run_dir)
-    teachers = load_teacher_set(run_dir / "uploads", lambda: _new_model(cfg, splits))
+    teachers = load_teacher_set(run_dir / "uploads", vit_factory(cfg, splits))
     return run_server_methods(teachers, cfg, splits, run_dir, emit=emit, upload_report=report)
 
 
@@ -127,12 +122,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out is None:
         parser.error("--teachers needs --out <run folder>")
-    overrides = {}
-    for item in args.run_config:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--run-config '{item}': expected key=value")
-        overrides[key] = yaml.safe_load(value)
+    try:
+        overrides = parse_overrides(args.run_config, "--run-config")
+    except ConfigError as err:
+        parser.error(str(err))
     distil_published(args.teachers.expanduser().resolve(), args.out.expanduser().resolve(),
                      overrides)
 

@@ -14,7 +14,12 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from fedmitr_core.checkpoint import load_method_result, load_pool, save_method_result
+from fedmitr_core.checkpoint import (
+    POOL_FILE,
+    load_method_result,
+    load_pool,
+    save_method_result,
+)
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data import DatasetSplits
 from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet
@@ -108,12 +113,13 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
     first_pool = None
     global_model: nn.Module | None = None
     for name in cfg.server.methods:
-        folder = run_dir / "state" / name
+        folder = ctx.method_state(name)
+        assert folder is not None
         done = load_method_result(folder, ctx.new_vit)
         if done is not None:
             model, saved = done
             seconds, details = float(saved["seconds"]), saved["details"]
-            pool_file = folder / "pool.safetensors"
+            pool_file = folder / POOL_FILE
             pool = load_pool(pool_file, torch.Generator()) if pool_file.is_file() else None
             log(f"method '{name}': finished before the restart, read from {folder}")
         else:

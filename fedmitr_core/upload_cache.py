@@ -21,7 +21,7 @@ from fedmitr_core.client_job import simulate_clients
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data import DatasetSplits
 from fedmitr_core.ensemble import TeacherSet
-from fedmitr_core.models import build_vit
+from fedmitr_core.models import vit_factory
 from fedmitr_core.uploads import Upload, load_teacher_set, persist_upload
 
 CLIENT_SECTIONS = ("data", "partition", "model", "client")
@@ -47,10 +47,7 @@ def cached_teachers(cfg: FedMITRConfig, num_clients: int, splits: DatasetSplits,
     """
     folder = cache_dir / client_key(cfg, num_clients)
     done = folder / "complete.json"
-
-    def new_model():  # noqa: ANN202
-        return build_vit(cfg.model.model, splits.num_classes, splits.image_size,
-                         splits.in_chans, cfg.model.patch_size)
+    new_model = vit_factory(cfg, splits)
 
     if done.is_file():
         return load_teacher_set(folder / "uploads", new_model), True

@@ -17,7 +17,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data import DatasetSplits
-from fedmitr_core.models import build_vit
+from fedmitr_core.models import vit_factory
 from fedmitr_core.offline import UPLOAD_REPORT
 from fedmitr_core.server_job import ServerOutcome, run_server_methods
 from fedmitr_core.uploads import (
@@ -108,18 +108,15 @@ class OneShotStrategy(FedAvg):
         self.upload_dir = run_dir / "uploads"
         self.outcome: ServerOutcome | None = None
         self.sampled_nodes: set[int] = set()
+        self._new_model = vit_factory(cfg, splits)
         self._spec = expected_spec(self._new_model())
-        self._handled: list[Message] = []
+        self._handled: set[int] = set()  # id() of the replies taken in (alive all round)
         self._replied: set[int] = set()
         self._partitions: set[int] = set()
         self._accepted: list[dict[str, Any]] = []
         self._rejected: list[dict[str, Any]] = []
         self._failed: list[dict[str, Any]] = []
         self.upload_report: dict[str, Any] = {}
-
-    def _new_model(self):  # noqa: ANN202
-        return build_vit(self.cfg.model.model, self.splits.num_classes, self.splits.image_size,
-                         self.splits.in_chans, self.cfg.model.patch_size)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -136,9 +133,9 @@ class OneShotStrategy(FedAvg):
 
     def accept_reply(self, msg: Message) -> None:
         """Validate one reply and, if it is good, persist it at once (atomically)."""
-        if any(msg is seen for seen in self._handled):
+        if id(msg) in self._handled:
             return
-        self._handled.append(msg)
+        self._handled.add(id(msg))
         node = int(msg.metadata.src_node_id)
         self._replied.add(node)
         if msg.has_error():
@@ -180,14 +177,12 @@ class OneShotStrategy(FedAvg):
         """Take in every reply not seen yet; return what was accepted, rejected, missing."""
         for msg in replies:
             self.accept_reply(msg)
-        accepted, rejected = self._accepted, self._rejected
-        failed = list(self._failed)
-        replied, reported_partitions = self._replied, self._partitions
+        accepted, rejected, failed = self._accepted, self._rejected, list(self._failed)
         # Nodes asked to train whose reply never came (timed out or lost on the way).
-        for node in sorted(self.sampled_nodes - replied):
+        for node in sorted(self.sampled_nodes - self._replied):
             failed.append({"node-id": node, "reason": "no reply before 'round-timeout'"})
             log(WARNING, "client node %d sent no reply before the round timeout", node)
-        expected = max(reported_partitions) if reported_partitions else None
+        expected = max(self._partitions) if self._partitions else None
         report = {"accepted": accepted, "rejected": rejected, "failed": failed,
                   "num-partitions": expected}
         log(INFO, "uploads: %d accepted, %d rejected, %d failed or silent; persisted to %s",

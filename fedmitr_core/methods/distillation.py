@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from fedmitr_core.checkpoint import load_pool, save_pool
+from fedmitr_core.checkpoint import CHECKPOINT_FILE, POOL_FILE, load_pool, save_pool
 from fedmitr_core.distill import LiveRelabel, distill_student
 from fedmitr_core.inversion import SyntheticPool, build_inverter
 from fedmitr_core.losses import TokenRelabelLoss
 from fedmitr_core.methods.base import MethodResult, ServerContext, ServerMethod, make_student
+from fedmitr_core.training import predict_logits
 
 
 def inversion_distillation(name: str, sparse: bool, token_relabel: bool, salt: int
@@ -23,7 +24,7 @@ def inversion_distillation(name: str, sparse: bool, token_relabel: bool, salt: i
         cfg = ctx.cfg
         gen = ctx.generator(salt)
         folder = ctx.method_state(name)
-        pool_file = None if folder is None else folder / "pool.safetensors"
+        pool_file = None if folder is None else folder / POOL_FILE
         if pool_file is not None and pool_file.is_file():
             pool = load_pool(pool_file, gen)
             if ctx.emit is not None:
@@ -49,6 +50,7 @@ def distill_on_pool(ctx: ServerContext, name: str, pool: SyntheticPool,
                     gen: torch.Generator, token_relabel: bool) -> MethodResult:
     """The shared student training: KD (+ token relabelling) on ``pool``, live relabelling."""
     d = ctx.cfg.distill
+    folder = ctx.method_state(name)
     loss = TokenRelabelLoss(
         kd_weight=d.kd_weight,
         hi_weight=d.hi_weight if token_relabel else 0.0,
@@ -64,8 +66,7 @@ def distill_on_pool(ctx: ServerContext, name: str, pool: SyntheticPool,
         d.distill_lr, ctx.device, gen, label=f"{name}: distillation epoch", emit=ctx.emit,
         live=live, kept_tokens_only=d.student_tokens != "all",
         live_kept_tokens=d.student_tokens == "kept-live",
-        checkpoint=None if ctx.method_state(name) is None
-        else ctx.method_state(name) / "distill.pt",
+        checkpoint=None if folder is None else folder / CHECKPOINT_FILE,
         checkpoint_every=ctx.cfg.server.checkpoint_every,
     )
     return MethodResult(model=student.vit, pool=pool,
@@ -82,8 +83,8 @@ def run_kd_real(ctx: ServerContext) -> MethodResult:
     if ctx.real_train is None:
         raise ValueError("method 'kd-real' needs the real training split (an oracle reference)")
     images, labels = ctx.real_train.images, ctx.real_train.labels
-    soft = torch.cat([ctx.ensemble.predict(images[i: i + 512], ctx.cfg.distill.temperature).cpu()
-                      for i in range(0, len(images), 512)])
+    soft = predict_logits(lambda x: ctx.ensemble.predict(x, ctx.cfg.distill.temperature),
+                          images, ctx.ensemble.device)
     every = torch.ones(len(labels), ctx.ensemble.num_patches, dtype=torch.bool)
     pool = SyntheticPool(images=images.clone(), labels=labels.clone(), high_mask=every,
                          inverted_mask=every.clone(), soft_labels=soft, low_labels=soft.clone())
