@@ -1,4 +1,10 @@
-"""ClientApp: load this node's partition, train the local ViT, reply once."""
+"""ClientApp: load this node's data, train the local ViT, reply once.
+
+Simulated SuperNodes get ``partition-id`` / ``num-partitions`` from Flower and
+train on that partition of the run's dataset. A deployed SuperNode is started
+with ``--node-config "data-path=..."`` and trains on its own files, prepared as
+the server's train message describes (``fedmitr_core.local_data``).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,8 @@ from flwr.clientapp import ClientApp
 
 from fedmitr_core.client_job import client_partition, train_client
 from fedmitr_core.config import DataConfig, parse_config
-from fedmitr_core.data import DatasetSplits, load_dataset
+from fedmitr_core.data import DatasetSplits, Split, load_dataset
+from fedmitr_core.local_data import DataSpec, load_local_data
 
 app = ClientApp()
 
@@ -29,24 +36,42 @@ def _node_partition(context: Context) -> tuple[int, int]:
         ) from err
 
 
+@lru_cache(maxsize=2)
+def _local_data(path: str, spec: DataSpec) -> Split:
+    return load_local_data(path, spec)
+
+
+def _server_spec(msg: Message) -> DataSpec:
+    records = [r for r in msg.content.config_records.values() if "num-classes" in r]
+    return DataSpec.from_record(records[0] if records else {})
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train from the server's initial weights; reply with weights + label counts."""
     cfg = parse_config(context.run_config)
-    partition_id, num_partitions = _node_partition(context)
-    splits = _dataset(cfg.data, cfg.seed)
-    data = client_partition(cfg, splits, partition_id, num_partitions)
+    data_path = context.node_config.get("data-path")
+    ids: dict[str, int] = {}
+    if data_path:
+        spec = _server_spec(msg)
+        data = _local_data(str(data_path), spec)
+        seed = cfg.seed * 1000 + int(context.node_id) % 1000
+    else:
+        partition_id, num_partitions = _node_partition(context)
+        splits = _dataset(cfg.data, cfg.seed)
+        spec = DataSpec.of(splits)
+        data = client_partition(cfg, splits, partition_id, num_partitions)
+        seed = cfg.seed * 1000 + partition_id
+        ids = {"partition-id": partition_id, "num-partitions": num_partitions}
     initial = msg.content.array_records[next(iter(msg.content.array_records))]
-    update = train_client(cfg, data, splits.num_classes, initial.to_torch_state_dict(),
-                          seed=cfg.seed * 1000 + partition_id, image_size=splits.image_size,
-                          in_chans=splits.in_chans)
+    update = train_client(cfg, data, spec.num_classes, initial.to_torch_state_dict(),
+                          seed=seed, image_size=spec.image_size, in_chans=spec.in_chans)
     acc = update.metrics["local-train-accuracy"]
     metrics = MetricRecord({
         "num-examples": update.num_examples,
         "label-counts": [int(v) for v in update.label_counts],
         "local-train-accuracy": 0.0 if acc != acc else float(acc),
-        "partition-id": partition_id,
-        "num-partitions": num_partitions,
+        **ids,
     })
     content = RecordDict({"arrays": ArrayRecord(update.state), "metrics": metrics})
     return Message(content=content, reply_to=msg)

@@ -46,6 +46,9 @@ class DatasetSplits:
     in_chans: int
     image_size: int
     hflip_ok: bool  # whether a horizontal flip keeps the label (not for digits)
+    mean: tuple[float, ...]  # per-channel statistics the images were normalised with
+    std: tuple[float, ...]
+    class_names: tuple[str, ...]
 
 
 def _stratified_split(labels: np.ndarray, fraction: float, seed: int
@@ -71,16 +74,19 @@ def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
 
 
-def _load_digits(cfg: DataConfig) -> tuple[torch.Tensor, np.ndarray, None]:
+Loaded = tuple[torch.Tensor, np.ndarray, "tuple[torch.Tensor, np.ndarray] | None", list[str]]
+
+
+def _load_digits(cfg: DataConfig) -> Loaded:
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
     images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    return _resize(images, cfg.image_size), bunch.target.astype(np.int64), None
+    return (_resize(images, cfg.image_size), bunch.target.astype(np.int64), None,
+            [str(c) for c in bunch.target_names])
 
 
-def _load_cifar(cfg: DataConfig, num_classes: int
-                ) -> tuple[torch.Tensor, np.ndarray, tuple[torch.Tensor, np.ndarray]]:
+def _load_cifar(cfg: DataConfig, num_classes: int) -> Loaded:
     from torchvision import datasets
 
     cls = datasets.CIFAR10 if num_classes == 10 else datasets.CIFAR100
@@ -99,10 +105,10 @@ def _load_cifar(cfg: DataConfig, num_classes: int
         return _resize(x, cfg.image_size), np.asarray(ds.targets, dtype=np.int64)
 
     x_train, y_train = to_tensor(train)
-    return x_train, y_train, to_tensor(test)
+    return x_train, y_train, to_tensor(test), list(train.classes)
 
 
-def _load_imagefolder(cfg: DataConfig) -> tuple[torch.Tensor, np.ndarray, None]:
+def _load_imagefolder(cfg: DataConfig) -> Loaded:
     from torchvision import datasets, transforms
 
     root = Path(cfg.data_dir).expanduser()
@@ -121,7 +127,7 @@ def _load_imagefolder(cfg: DataConfig) -> tuple[torch.Tensor, np.ndarray, None]:
     images = torch.stack([ds[i][0] for i in range(len(ds))])
     if images.shape[1] == 1:
         images = images.expand(-1, 3, -1, -1).contiguous()
-    return images, np.asarray(ds.targets, dtype=np.int64), None
+    return images, np.asarray(ds.targets, dtype=np.int64), None, list(ds.classes)
 
 
 def load_dataset(cfg: DataConfig, seed: int = 0) -> DatasetSplits:
@@ -130,15 +136,15 @@ def load_dataset(cfg: DataConfig, seed: int = 0) -> DatasetSplits:
     The splits depend only on the data and ``seed`` (not on the partition), so
     every client and the server see the same ones.
     """
-    test: tuple[torch.Tensor, np.ndarray] | None
     if cfg.dataset == "digits":
-        images, labels, test = _load_digits(cfg)
+        images, labels, test, class_names = _load_digits(cfg)
         hflip_ok = False
     elif cfg.dataset in ("cifar10", "cifar100"):
-        images, labels, test = _load_cifar(cfg, 10 if cfg.dataset == "cifar10" else 100)
+        images, labels, test, class_names = _load_cifar(
+            cfg, 10 if cfg.dataset == "cifar10" else 100)
         hflip_ok = True
     elif cfg.dataset == "imagefolder":
-        images, labels, test = _load_imagefolder(cfg)
+        images, labels, test, class_names = _load_imagefolder(cfg)
         hflip_ok = True
     else:  # pragma: no cover - the config's Literal rejects it first
         raise ConfigError(f"run config key 'dataset': unknown dataset {cfg.dataset!r}")
@@ -162,4 +168,7 @@ def load_dataset(cfg: DataConfig, seed: int = 0) -> DatasetSplits:
         in_chans=int(images.shape[1]),
         image_size=cfg.image_size,
         hflip_ok=hflip_ok,
+        mean=tuple(float(v) for v in mean),
+        std=tuple(float(v) for v in std),
+        class_names=tuple(class_names),
     )

@@ -5,13 +5,14 @@ from __future__ import annotations
 from logging import INFO
 from pathlib import Path
 
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
 from fedmitr_core.client_job import initial_model
 from fedmitr_core.config import parse_config
 from fedmitr_core.data import load_dataset
+from fedmitr_core.local_data import DataSpec
 from fedmitr_core.offline import resume_run
 from fedmitr_core.server_job import resolve_run_dir
 from server_app.strategy import OneShotStrategy, emit_log
@@ -34,5 +35,7 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "FedMITR: methods %s, outputs in %s", ",".join(cfg.server.methods), run_dir)
     splits = load_dataset(cfg.data, cfg.seed)
     strategy = OneShotStrategy(cfg, splits, run_dir)
+    # Deployed clients read their own files and prepare them as this spec says.
     strategy.start(grid=grid, initial_arrays=ArrayRecord(initial_model(cfg, splits).state_dict()),
-                   num_rounds=1, timeout=cfg.server.round_timeout)
+                   num_rounds=1, timeout=cfg.server.round_timeout,
+                   train_config=ConfigRecord(DataSpec.of(splits).to_record()))

@@ -42,10 +42,12 @@ class ArrivalGrid(Grid):
     timeout passes; a server that dies meanwhile would lose them. This one
     pushes, then pulls in a loop and passes every reply on as it arrives (the
     strategy validates and persists it), then returns them all as usual.
-    Everything else is delegated to the wrapped grid.
+    ``on_reply`` also gets the node the message was sent to: an error reply the
+    SuperLink writes for a node that went offline comes from the SuperLink, not
+    from that node. Everything else is delegated to the wrapped grid.
     """
 
-    def __init__(self, grid: Grid, on_reply: Callable[[Message], None],
+    def __init__(self, grid: Grid, on_reply: Callable[[Message, int], None],
                  poll_seconds: float = 1.0) -> None:
         self.grid, self.on_reply, self.poll_seconds = grid, on_reply, poll_seconds
 
@@ -71,14 +73,19 @@ class ArrivalGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
                          ) -> Iterable[Message]:
         """Push ``messages``, pull replies until all are in or ``timeout`` passes."""
-        pending = set(self.push_messages(messages))
+        messages = list(messages)
+        ids = list(self.push_messages(messages))
+        destination = {i: int(m.metadata.dst_node_id) for i, m in zip(ids, messages,
+                                                                         strict=True)}
+        pending = set(ids)
         expected = len(pending)
         end = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
         while pending and len(replies) < expected and (end is None or time.monotonic() < end):
             arrived = list(self.pull_messages(pending))
             for msg in arrived:
-                self.on_reply(msg)
+                reply_to = msg.metadata.reply_to_message_id
+                self.on_reply(msg, destination.get(reply_to, int(msg.metadata.src_node_id)))
             replies.extend(arrived)
             pending -= {m.metadata.reply_to_message_id for m in arrived}
             if not arrived:
@@ -131,12 +138,12 @@ class OneShotStrategy(FedAvg):
         return super().start(ArrivalGrid(grid, self.accept_reply), initial_arrays,
                              num_rounds=num_rounds, timeout=timeout, **kwargs)
 
-    def accept_reply(self, msg: Message) -> None:
-        """Validate one reply and, if it is good, persist it at once (atomically)."""
+    def accept_reply(self, msg: Message, node: int | None = None) -> None:
+        """Validate one reply from ``node`` and, if good, persist it at once (atomically)."""
         if id(msg) in self._handled:
             return
         self._handled.add(id(msg))
-        node = int(msg.metadata.src_node_id)
+        node = int(msg.metadata.src_node_id) if node is None else int(node)
         self._replied.add(node)
         if msg.has_error():
             self._failed.append({"node-id": node, "reason": str(msg.error.reason)})

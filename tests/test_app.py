@@ -43,7 +43,9 @@ class InProcessGrid(Grid):
         """Run every node's real ClientApp now; replies wait to be pulled, one per pull."""
         self.waiting = []
         ids = []
-        for i, msg in enumerate(messages):
+        for msg in messages:
+            # What Flower's grids do on push: the id the replies will refer to.
+            msg.metadata.__dict__["_message_id"] = msg.object_id
             node = msg.metadata.dst_node_id
             pid = self.nodes.index(node)
             ctx = Context(run_id=1, node_id=node, state=RecordDict(),
@@ -53,7 +55,7 @@ class InProcessGrid(Grid):
             reply = self.tamper(pid, reply) if self.tamper else reply
             if reply is not None:  # None: the reply is lost (the node stays silent)
                 self.waiting.append(reply)
-            ids.append(f"m{i}")
+            ids.append(msg.metadata.message_id)
         return ids
 
     def pull_messages(self, message_ids):  # noqa: ANN001

@@ -63,8 +63,17 @@ BAD = {
     13: (lambda r: _with(r, metrics={k: v for k, v in _metrics(r).items()
                                      if k != "label-counts"}), "'label-counts' is missing"),
 }
-FAILS, SILENT = 14, 15
-NODES = 17  # partitions 0 and 16 stay good
+FAILS, SILENT, OFFLINE = 14, 15, 16
+NODES = 18  # partitions 0 and 17 stay good
+SUPERLINK_NODE_ID = 1
+
+
+def _written_by_superlink(reply: Message) -> Message:
+    """The error reply a SuperLink writes for a node that went offline mid-round."""
+    err = Message(Error(code=5, reason="Error: Node Unavailable"), reply_to=Message(
+        content=RecordDict(), dst_node_id=SUPERLINK_NODE_ID, message_type="train"))
+    err.metadata.__dict__["_reply_to_message_id"] = reply.metadata.reply_to_message_id
+    return err
 
 
 def _tamper(pid: int, reply: Message) -> Message | None:
@@ -75,6 +84,8 @@ def _tamper(pid: int, reply: Message) -> Message | None:
             content=RecordDict(), dst_node_id=reply.metadata.src_node_id, message_type="train"))
     if pid == SILENT:
         return None  # never arrives: timed out
+    if pid == OFFLINE:
+        return _written_by_superlink(reply)
     return reply
 
 
@@ -92,7 +103,7 @@ def test_every_bad_upload_is_rejected_with_its_reason_and_the_run_goes_on(tiny_r
     metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
     uploads = metrics["uploads"]
     accepted = sorted(a["client-id"].split("-node")[0] for a in uploads["accepted"])
-    assert accepted == ["partition-0000", "partition-0016"]
+    assert accepted == ["partition-0000", "partition-0017"]
     rejected = {int(r["client-id"].split("-")[1]): " ".join(r["reasons"])
                 for r in uploads["rejected"]}
     assert sorted(rejected) == sorted(BAD)
@@ -101,6 +112,9 @@ def test_every_bad_upload_is_rejected_with_its_reason_and_the_run_goes_on(tiny_r
     failed = {f["node-id"]: f["reason"] for f in uploads["failed"]}
     assert "out of memory" in failed[grid.nodes[FAILS]]
     assert "round-timeout" in failed[grid.nodes[SILENT]]
+    # The SuperLink's reply for the offline node is booked to that node, not the SuperLink.
+    assert "Node Unavailable" in failed[grid.nodes[OFFLINE]]
+    assert SUPERLINK_NODE_ID not in failed and len(failed) == 3
     assert metrics["num-teachers"] == 2
     # The seed and the library versions are recorded beside the figures.
     assert metrics["seed"] == cfg.seed
