@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedmitr_core.client_job import client_partition, train_client
-from fedmitr_core.config import DataConfig, parse_config
+from fedmitr_core.config import DataConfig, FedMITRConfig, parse_config
 from fedmitr_core.data import DatasetSplits, Split, load_dataset
 from fedmitr_core.local_data import DataSpec, load_local_data
+from fedmitr_core.partition import partition_indices
 
 app = ClientApp()
 
@@ -34,6 +36,13 @@ def _node_partition(context: Context) -> tuple[int, int]:
             f"node config key {err} is missing: a simulated SuperNode gets 'partition-id' "
             "and 'num-partitions' from Flower; a deployed one needs them in --node-config"
         ) from err
+
+
+@lru_cache(maxsize=2)
+def _partitions(cfg: FedMITRConfig, num_partitions: int) -> tuple[np.ndarray, ...]:
+    # One Ray worker serves many simulated clients: draw the split once per run.
+    labels = _dataset(cfg.data, cfg.seed).train.labels.numpy()
+    return tuple(partition_indices(labels, cfg.partition, num_partitions, cfg.seed))
 
 
 @lru_cache(maxsize=2)
@@ -60,7 +69,8 @@ def train(msg: Message, context: Context) -> Message:
         partition_id, num_partitions = _node_partition(context)
         splits = _dataset(cfg.data, cfg.seed)
         spec = DataSpec.of(splits)
-        data = client_partition(cfg, splits, partition_id, num_partitions)
+        data = client_partition(cfg, splits, partition_id, num_partitions,
+                                _partitions(cfg, num_partitions))
         seed = cfg.seed * 1000 + partition_id
         ids = {"partition-id": partition_id, "num-partitions": num_partitions}
     initial = msg.content.array_records[next(iter(msg.content.array_records))]

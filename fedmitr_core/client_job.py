@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,14 +35,20 @@ def initial_model(cfg: FedMITRConfig, splits: DatasetSplits) -> torch.nn.Module:
 
 
 def client_partition(cfg: FedMITRConfig, splits: DatasetSplits, partition_id: int,
-                     num_partitions: int) -> Split:
-    """This client's share of the training split."""
+                     num_partitions: int, partitions: Sequence[np.ndarray] | None = None
+                     ) -> Split:
+    """This client's share of the training split.
+
+    ``partitions`` (every client's indices, from :func:`partition_indices`) can be
+    passed in by a process that serves many clients, so the split is drawn once.
+    """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"node config 'partition-id': expected 0..{num_partitions - 1}, "
                          f"got {partition_id}")
-    idx = partition_indices(splits.train.labels.numpy(), cfg.partition, num_partitions,
-                            cfg.seed)[partition_id]
-    return splits.train.subset(idx)
+    if partitions is None:
+        partitions = partition_indices(splits.train.labels.numpy(), cfg.partition,
+                                       num_partitions, cfg.seed)
+    return splits.train.subset(partitions[partition_id])
 
 
 def train_client(cfg: FedMITRConfig, data: Split, num_classes: int,
@@ -68,9 +75,11 @@ def simulate_clients(cfg: FedMITRConfig, num_clients: int, splits: DatasetSplits
     """Train every client in this process (what the ClientApps do, without Flower)."""
     splits = splits or load_dataset(cfg.data, cfg.seed)
     init = initial_model(cfg, splits).state_dict()
+    partitions = partition_indices(splits.train.labels.numpy(), cfg.partition, num_clients,
+                                   cfg.seed)
     updates = []
     for pid in range(num_clients):
-        data = client_partition(cfg, splits, pid, num_clients)
+        data = client_partition(cfg, splits, pid, num_clients, partitions)
         updates.append(train_client(cfg, data, splits.num_classes, init,
                                     seed=cfg.seed * 1000 + pid, image_size=splits.image_size,
                                     in_chans=splits.in_chans))

@@ -27,6 +27,7 @@ PartitionerName = Literal["dirichlet", "pathological", "iid"]
 Weighting = Literal["uniform", "samples", "class"]
 EnsembleForm = Literal["auto", "loop", "vmap"]
 DeviceName = Literal["auto", "cpu", "cuda"]
+Precision = Literal["auto", "fp32", "bf16"]
 InversionObjective = Literal["per-teacher", "mixture"]
 PrunedPatches = Literal["blank", "keep"]
 LowLabel = Literal["low-tokens", "full-image"]
@@ -200,7 +201,9 @@ class ServerConfig:
     methods: tuple[str, ...] = ("fedmitr", "deepinversion")
     weighting: Weighting = "class"
     ensemble_form: EnsembleForm = "auto"
+    teachers_per_class: int = 0
     device: DeviceName = "auto"
+    precision: Precision = "auto"
     min_clients: int = 0
     round_timeout: float = 3600.0
     output_dir: str = "outputs"
@@ -214,6 +217,8 @@ class ServerConfig:
         _check(len(self.methods) >= 1, "methods", "at least one method name", self.methods)
         for name in self.methods:
             _check(name in METHODS, "methods", f"names from {sorted(METHODS)}", name)
+        _check(self.teachers_per_class >= 0, "teachers-per-class",
+               "an integer >= 0 (0: every client is a teacher)", self.teachers_per_class)
         _check(self.min_clients >= 0, "min-clients", "an integer >= 0 (0: all partitions)",
                self.min_clients)
         _check(self.round_timeout > 0, "round-timeout", "a float > 0 (seconds)",

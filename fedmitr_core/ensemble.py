@@ -35,6 +35,38 @@ class TeacherSet:
         return len(self.models)
 
 
+def select_teachers(teachers: TeacherSet, per_class: int) -> TeacherSet:
+    """The top ``per_class`` clients of each class by label count, and only them.
+
+    A client kept for some classes keeps its counts for those classes only, so
+    ``class`` weighting mixes, for each class, just that class's experts
+    (``w_kc = n_kc / sum of n_jc over the experts j of c``). The result has at
+    most ``per_class * C`` teachers, however many clients uploaded: the cost of
+    one ensemble forward stops growing with the number of clients.
+
+    Parameters
+    ----------
+    teachers
+        Every accepted upload.
+    per_class
+        Experts per class; ``0`` keeps every teacher unchanged.
+    """
+    if per_class <= 0 or per_class >= len(teachers):
+        return teachers
+    counts = np.asarray(teachers.label_counts)
+    expert = np.zeros_like(counts, dtype=bool)
+    for c in range(counts.shape[1]):
+        holders = np.flatnonzero(counts[:, c] > 0)
+        # Stable sort: ties go to the lower client index, so the choice is reproducible.
+        top = holders[np.argsort(-counts[holders, c], kind="stable")[:per_class]]
+        expert[top, c] = True
+    keep = np.flatnonzero(expert.any(axis=1))
+    masked = np.where(expert, counts, 0)[keep]
+    ids = [teachers.client_ids[k] for k in keep] if teachers.client_ids else []
+    return TeacherSet(models=[teachers.models[k] for k in keep], label_counts=masked,
+                      client_ids=ids)
+
+
 def class_weights(label_counts: np.ndarray) -> torch.Tensor:
     """``w[k, c] = n_kc / n_c``; classes no client holds get uniform weights."""
     counts = torch.as_tensor(label_counts, dtype=torch.float32)
@@ -70,10 +102,13 @@ class TeacherEnsemble:
         ``torch.vmap``) or ``auto`` (time both on a probe batch, keep the faster).
     device
         Where the teachers run.
+    chunk_size
+        Teachers per ``vmap`` call: the stacked activations of one chunk are
+        what bounds memory, whatever the number of teachers.
     """
 
     def __init__(self, teachers: TeacherSet, weighting: str, form: str,
-                 device: torch.device) -> None:
+                 device: torch.device, chunk_size: int = 32) -> None:
         self.device = device
         self.weighting = weighting
         self.models = [m.to(device).eval().requires_grad_(False) for m in teachers.models]
@@ -82,9 +117,10 @@ class TeacherEnsemble:
         self.class_weights = class_weights(teachers.label_counts).to(device)  # (K, C)
         n = torch.as_tensor(teachers.num_examples, dtype=torch.float32)
         self.sample_weights = (n / n.sum()).to(device)  # (K,)
-        self._wrapped = [_GatheredViT(m) for m in self.models]
-        self._params, self._buffers = stack_module_state(self._wrapped)
-        self._base = copy.deepcopy(self._wrapped[0]).to("meta")
+        wrapped = [_GatheredViT(m) for m in self.models]
+        self._chunks = [stack_module_state(wrapped[i:i + chunk_size])
+                        for i in range(0, len(wrapped), max(1, chunk_size))]
+        self._base = copy.deepcopy(wrapped[0]).to("meta")
         self.form_timings: dict[str, float] = {}
         self.form: Form = form if form in ("loop", "vmap") else self._fastest_form()
 
@@ -96,7 +132,11 @@ class TeacherEnsemble:
         def call(params: dict, buffers: dict) -> tuple[torch.Tensor, torch.Tensor]:
             return functional_call(self._base, (params, buffers), (images, keep_idx))
 
-        return torch.vmap(call, in_dims=(0, 0))(self._params, self._buffers)
+        outs = [torch.vmap(call, in_dims=(0, 0))(params, buffers)
+                for params, buffers in self._chunks]
+        if len(outs) == 1:
+            return outs[0]
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
     def _loop_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None
                       ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from fedmitr_core.config import ConfigError, PartitionConfig
 
 
-def _make_partitioner(cfg: PartitionConfig, num_partitions: int, seed: int):  # noqa: ANN202
+def _make_partitioner(cfg: PartitionConfig, num_partitions: int, seed: int,
+                      min_partition_size: int | None = None):  # noqa: ANN202
     from flwr_datasets.partitioner import (
         DirichletPartitioner,
         IidPartitioner,
@@ -17,7 +20,9 @@ def _make_partitioner(cfg: PartitionConfig, num_partitions: int, seed: int):  # 
     if cfg.partitioner == "dirichlet":
         return DirichletPartitioner(
             num_partitions=num_partitions, partition_by="label", alpha=cfg.alpha,
-            min_partition_size=cfg.min_partition_size, self_balancing=False, seed=seed,
+            min_partition_size=(cfg.min_partition_size if min_partition_size is None
+                                else min_partition_size),
+            self_balancing=False, seed=seed,
         )
     if cfg.partitioner == "pathological":
         return PathologicalPartitioner(
@@ -55,6 +60,27 @@ def partition_indices(labels: np.ndarray, cfg: PartitionConfig, num_partitions: 
     ds = Dataset.from_dict({"label": labels.astype(np.int64), "index": np.arange(len(labels))})
     partitioner = _make_partitioner(cfg, num_partitions, seed)
     partitioner.dataset = ds
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # one per failed Dirichlet draw
+            return _load_all(partitioner, num_partitions)
+    except ValueError as err:
+        if cfg.partitioner != "dirichlet" or "max number of attempts" not in str(err):
+            raise
+    # Hundreds of clients on a small dataset: no Dirichlet draw gives every client
+    # 'min-partition-size' examples. Draw without the floor; the clients left with
+    # no data reply with num-examples 0 and the server records them as rejected.
+    warnings.warn(
+        f"run config key 'min-partition-size' ({cfg.min_partition_size}) cannot be met by "
+        f"{num_partitions} Dirichlet partitions of {len(labels)} examples (alpha "
+        f"{cfg.alpha}); partitioning without it: some partitions are tiny or empty",
+        RuntimeWarning, stacklevel=2)
+    partitioner = _make_partitioner(cfg, num_partitions, seed, min_partition_size=0)
+    partitioner.dataset = ds
+    return _load_all(partitioner, num_partitions)
+
+
+def _load_all(partitioner, num_partitions: int) -> list[np.ndarray]:  # noqa: ANN001
     return [np.asarray(partitioner.load_partition(pid)["index"], dtype=np.int64)
             for pid in range(num_partitions)]
 

@@ -22,7 +22,7 @@ from fedmitr_core.checkpoint import (
 )
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data import DatasetSplits
-from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet
+from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet, select_teachers
 from fedmitr_core.methods import METHODS, ServerContext
 from fedmitr_core.progress import Emit
 from fedmitr_core.reports import (
@@ -54,6 +54,21 @@ def resolve_run_dir(cfg: FedMITRConfig, app_dir: Path) -> Path:
         out = app_dir / out
     name = cfg.server.run_name or time.strftime("%Y%m%d-%H%M%S")
     return out.resolve() / name
+
+
+def uses_bf16(device: torch.device, precision: str) -> bool:
+    """Whether the server's work runs under bf16 autocast (``auto``: on CUDA only)."""
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def server_autocast(device: torch.device, precision: str) -> torch.autocast:
+    """bf16 autocast for the server's work when :func:`uses_bf16` says so.
+
+    Weights, optimiser state and the losses' softmaxes stay in float32 (autocast
+    keeps those ops in fp32); matmuls and attention run in bf16.
+    """
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16,
+                          enabled=uses_bf16(device, precision))
 
 
 def _versions() -> dict[str, str]:
@@ -95,9 +110,11 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
     set_seed(cfg.seed)
     device = resolve_device(cfg.server.device)
     log = emit or (lambda _msg: None)
-    ensemble = TeacherEnsemble(teachers, cfg.server.weighting, cfg.server.ensemble_form, device)
-    log(f"ensemble of {len(ensemble)} teachers on {device}, form '{ensemble.form}' "
-        f"(probe seconds: {ensemble.form_timings or 'not measured'})")
+    experts = select_teachers(teachers, cfg.server.teachers_per_class)
+    ensemble = TeacherEnsemble(experts, cfg.server.weighting, cfg.server.ensemble_form, device)
+    log(f"ensemble of {len(ensemble)} teachers (of {len(teachers)} uploads; "
+        f"teachers-per-class {cfg.server.teachers_per_class or 'all'}) on {device}, form "
+        f"'{ensemble.form}' (probe seconds: {ensemble.form_timings or 'not measured'})")
     ctx = ServerContext(
         teachers=teachers, ensemble=ensemble, cfg=cfg, num_classes=splits.num_classes,
         in_chans=splits.in_chans, image_size=splits.image_size, hflip_ok=splits.hflip_ok,
@@ -125,7 +142,8 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
         else:
             log(f"method '{name}': start")
             start = time.perf_counter()
-            out = METHODS[name](ctx)
+            with server_autocast(device, cfg.server.precision):
+                out = METHODS[name](ctx)
             seconds = time.perf_counter() - start
             model, details, pool = out.model, out.details, out.pool
             save_method_result(folder, model, {"seconds": seconds, "details": details})
@@ -145,7 +163,7 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
         start = time.perf_counter()
         fedavg = METHODS["fedavg"](ctx).model.to(device)
         results["fedavg"] = score(fedavg, time.perf_counter() - start)
-    local = [score(m, 0.0) for m in ensemble.models]
+    local = [score(m.to(device).eval(), 0.0) for m in teachers.models]
     results["local-mean"] = {
         "accuracy": float(np.mean([r["accuracy"] for r in local])),
         "val-accuracy": float(np.mean([r["val-accuracy"] for r in local])),
@@ -167,9 +185,11 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
         "global-method": cfg.server.methods[0],
         "num-teachers": len(teachers),
         "client-ids": teachers.client_ids,
+        "ensemble-teachers": experts.client_ids,
         "ensemble-form": ensemble.form,
         "ensemble-form-probe-seconds": ensemble.form_timings,
         "device": str(device),
+        "bf16-autocast": uses_bf16(device, cfg.server.precision),
         "seed": cfg.seed,
         "versions": _versions(),
         "uploads": upload_report or {},

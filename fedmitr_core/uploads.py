@@ -72,7 +72,10 @@ def validate_upload(arrays: Mapping[str, np.ndarray], metrics: Mapping[str, Any]
             problems.append(f"array '{name}' has NaN or Inf values")
     n = metrics.get("num-examples")
     counts = metrics.get("label-counts")
-    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n <= 0:
+    if isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n == 0:
+        problems.append("metric 'num-examples' is 0: the client has no training data "
+                        "(empty partition)")
+    elif not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n <= 0:
         problems.append(f"metric 'num-examples' must be a positive integer, got {n!r}")
     if counts is None:
         problems.append("metric 'label-counts' is missing")

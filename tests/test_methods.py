@@ -53,3 +53,22 @@ def test_kd_real_distils_on_the_real_training_images(tiny_context):
     no_data = ServerContext(**{**ctx.__dict__, "real_train": None})
     with pytest.raises(ValueError, match="kd-real"):
         METHODS["kd-real"](no_data)
+
+
+def test_fedmitr_under_bf16_autocast_runs_matmuls_in_bf16_and_still_learns(tiny_context):
+    # What `precision=auto` does on CUDA, exercised here on CPU.
+    from fedmitr_core.server_job import server_autocast, uses_bf16
+
+    ctx, splits = tiny_context
+    assert uses_bf16(torch.device("cuda"), "auto") and not uses_bf16(ctx.device, "auto")
+    seen = []
+    hook = ctx.ensemble.models[0].head.register_forward_hook(
+        lambda _m, _i, out: seen.append(out.dtype))
+    try:
+        with server_autocast(ctx.device, "bf16"):
+            out = METHODS["fedmitr"](ctx)
+    finally:
+        hook.remove()
+    assert torch.bfloat16 in seen
+    assert all(p.dtype == torch.float32 for p in out.model.parameters())
+    assert accuracy(out.model, splits.test, ctx.device) > 0.15

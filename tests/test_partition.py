@@ -51,3 +51,17 @@ def test_iid_is_balanced(labels):
     sizes = [len(p) for p in parts]
     assert max(sizes) - min(sizes) <= 1
     assert _skew(parts, labels) < 0.2
+
+
+def test_hundreds_of_clients_on_a_small_dataset_partition_without_crashing():
+    # 300 Dirichlet partitions of ~1.1k digits cannot all hold 'min-partition-size'
+    # examples: the partitioner draws without the floor, warns naming the key, and
+    # every example still goes to exactly one client.
+    labels = np.random.default_rng(0).integers(0, 10, size=1100)
+    cfg = PartitionConfig(alpha=0.1, min_partition_size=2)
+    with pytest.warns(RuntimeWarning, match="'min-partition-size'"):
+        parts = partition_indices(labels, cfg, 300, seed=0)
+    assert len(parts) == 300
+    joined = np.sort(np.concatenate(parts))
+    assert np.array_equal(joined, np.arange(1100))
+    assert min(len(p) for p in parts) == 0  # some are empty: the server reports them

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet, class_weights
+from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet, class_weights, select_teachers
 from fedmitr_core.models import MODEL_PRESETS, StudentViT, build_vit
 from fedmitr_core.tokens import all_patch_indices, forward_gathered
 
@@ -66,17 +66,38 @@ def _teachers(k=4):
     return TeacherSet([_vit(seed=i) for i in range(k)], counts)
 
 
-def test_vmap_ensemble_equals_loop_ensemble():
-    teachers = _teachers()
+@pytest.mark.parametrize("chunk_size", [32, 2, 3])  # one chunk; even chunks; a ragged last
+def test_vmap_ensemble_equals_loop_ensemble(chunk_size):
+    teachers = _teachers(5)
     loop = TeacherEnsemble(teachers, "class", "loop", torch.device("cpu"))
-    vmap = TeacherEnsemble(teachers, "class", "vmap", torch.device("cpu"))
+    vmap = TeacherEnsemble(teachers, "class", "vmap", torch.device("cpu"), chunk_size=chunk_size)
     x = torch.randn(5, 1, 16, 16)
     keep = torch.tensor([[0, 3, 4, 8, 12]] * 5)
     for idx in (None, keep):
         l_logits, l_attn = loop.teacher_outputs(x, idx)
         v_logits, v_attn = vmap.teacher_outputs(x, idx)
+        assert v_logits.shape == (5, 5, 10)
         torch.testing.assert_close(v_logits, l_logits, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(v_attn, l_attn, atol=1e-5, rtol=1e-5)
+
+
+def test_teachers_per_class_keeps_each_class_top_clients():
+    # 5 clients, 3 classes (hand-made): the top-2 holders of each class are
+    # class 0: clients 0 (9), 2 (5); class 1: 3 (8), 1 (6); class 2: 4 (7), 0 (3) / 2 (3) tie.
+    counts = np.array([[9, 0, 3], [1, 6, 0], [5, 2, 3], [0, 8, 1], [0, 1, 7]])
+    teachers = TeacherSet([_vit(seed=i) for i in range(5)], np.pad(counts, ((0, 0), (0, 7))),
+                          client_ids=[f"c{i}" for i in range(5)])
+    chosen = select_teachers(teachers, 2)
+    assert chosen.client_ids == ["c0", "c1", "c2", "c3", "c4"]
+    assert chosen.label_counts[:, :3].tolist() == [[9, 0, 3], [0, 6, 0], [5, 0, 0],
+                                                   [0, 8, 0], [0, 0, 7]]
+    one = select_teachers(teachers, 1)
+    assert one.client_ids == ["c0", "c3", "c4"]
+    assert one.models[1] is teachers.models[3]
+    # Class weighting then mixes each class's experts only.
+    w = class_weights(one.label_counts)[:, :3]
+    torch.testing.assert_close(w, torch.eye(3))
+    assert select_teachers(teachers, 0) is teachers
 
 
 def test_auto_form_picks_a_measured_form():
