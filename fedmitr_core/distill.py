@@ -67,7 +67,7 @@ def distill_student(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRela
                     generator: torch.Generator, label: str, emit: Emit | None,
                     live: LiveRelabel | None = None, kept_tokens_only: bool = True,
                     live_kept_tokens: bool = False, checkpoint: Path | None = None,
-                    checkpoint_every: int = 0) -> StudentViT:
+                    checkpoint_every: int = 0, precision: str = "auto") -> StudentViT:
     """Train ``student`` in place on ``pool`` with ``loss_fn``; return it in eval mode.
 
     With ``live``, each step also distils on augmented pool images that the
@@ -104,14 +104,14 @@ def distill_student(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRela
             batch = {k: v[idx] for k, v in tensors.items()}
             keep = None if kept is None else kept[idx]
             high = batch["high_mask"] if keep is None else torch.gather(batch["high_mask"], 1, keep)
-            with autocast(device):
+            with autocast(device, precision):
                 cls_logits, token_logits = student.forward_tokens(batch["images"], keep)
             if not loss_fn.uses_tokens:
                 token_logits = None
             loss, _ = loss_fn(cls_logits, token_logits, batch["soft_labels"],
                               batch["labels"], high, batch["low_labels"])
             if live is not None:
-                with autocast(device):
+                with autocast(device, precision):
                     loss = loss + live.loss(student, batch["images"], generator,
                                             keep if live_kept_tokens else None)
             opt.zero_grad(set_to_none=True)

@@ -12,6 +12,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 from torch.func import functional_call, stack_module_state
+from torch.utils.checkpoint import checkpoint
 
 from fedmitr_core.tokens import forward_gathered
 
@@ -36,13 +37,16 @@ class TeacherSet:
 
 
 def select_teachers(teachers: TeacherSet, per_class: int) -> TeacherSet:
-    """The top ``per_class`` clients of each class by label count, and only them.
+    """Only the top ``per_class`` clients of each class by label count.
 
-    A client kept for some classes keeps its counts for those classes only, so
-    ``class`` weighting mixes, for each class, just that class's experts
-    (``w_kc = n_kc / sum of n_jc over the experts j of c``). The result has at
-    most ``per_class * C`` teachers, however many clients uploaded: the cost of
-    one ensemble forward stops growing with the number of clients.
+    The ensemble is the union of every class's experts: at most
+    ``per_class * C`` teachers however many clients uploaded, so the cost of
+    one ensemble forward stops growing with the number of clients. The kept
+    teachers keep their full label counts, so ``class`` weighting is computed
+    over the kept set (``w_kc = n_kc / sum of n_jc over kept j``). (Keeping each
+    teacher's counts for its own expert classes only was tried: with one or two
+    experts per class every class's score then comes from clients that predict
+    that class for everything, and the mixture collapsed to chance on digits.)
 
     Parameters
     ----------
@@ -54,16 +58,14 @@ def select_teachers(teachers: TeacherSet, per_class: int) -> TeacherSet:
     if per_class <= 0 or per_class >= len(teachers):
         return teachers
     counts = np.asarray(teachers.label_counts)
-    expert = np.zeros_like(counts, dtype=bool)
+    chosen: set[int] = set()
     for c in range(counts.shape[1]):
         holders = np.flatnonzero(counts[:, c] > 0)
         # Stable sort: ties go to the lower client index, so the choice is reproducible.
-        top = holders[np.argsort(-counts[holders, c], kind="stable")[:per_class]]
-        expert[top, c] = True
-    keep = np.flatnonzero(expert.any(axis=1))
-    masked = np.where(expert, counts, 0)[keep]
+        chosen.update(holders[np.argsort(-counts[holders, c], kind="stable")[:per_class]].tolist())
+    keep = sorted(chosen)
     ids = [teachers.client_ids[k] for k in keep] if teachers.client_ids else []
-    return TeacherSet(models=[teachers.models[k] for k in keep], label_counts=masked,
+    return TeacherSet(models=[teachers.models[k] for k in keep], label_counts=counts[keep],
                       client_ids=ids)
 
 
@@ -103,8 +105,11 @@ class TeacherEnsemble:
     device
         Where the teachers run.
     chunk_size
-        Teachers per ``vmap`` call: the stacked activations of one chunk are
-        what bounds memory, whatever the number of teachers.
+        Teachers per call. With more teachers than this and a backward pass to
+        come (inversion), each chunk's forward is recomputed during backward
+        (activation checkpointing): memory holds one chunk's activations plus
+        every teacher's outputs, whatever the number of teachers, for about a
+        third more compute.
     """
 
     def __init__(self, teachers: TeacherSet, weighting: str, form: str,
@@ -118,8 +123,9 @@ class TeacherEnsemble:
         n = torch.as_tensor(teachers.num_examples, dtype=torch.float32)
         self.sample_weights = (n / n.sum()).to(device)  # (K,)
         wrapped = [_GatheredViT(m) for m in self.models]
-        self._chunks = [stack_module_state(wrapped[i:i + chunk_size])
-                        for i in range(0, len(wrapped), max(1, chunk_size))]
+        step = max(1, chunk_size)
+        self._bounds = [(i, min(i + step, len(wrapped))) for i in range(0, len(wrapped), step)]
+        self._stacks = [stack_module_state(wrapped[a:b]) for a, b in self._bounds]
         self._base = copy.deepcopy(wrapped[0]).to("meta")
         self.form_timings: dict[str, float] = {}
         self.form: Form = form if form in ("loop", "vmap") else self._fastest_form()
@@ -127,28 +133,42 @@ class TeacherEnsemble:
     def __len__(self) -> int:
         return len(self.models)
 
-    def _vmap_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _vmap_chunk(self, chunk: int, images: torch.Tensor, keep_idx: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
         def call(params: dict, buffers: dict) -> tuple[torch.Tensor, torch.Tensor]:
             return functional_call(self._base, (params, buffers), (images, keep_idx))
 
-        outs = [torch.vmap(call, in_dims=(0, 0))(params, buffers)
-                for params, buffers in self._chunks]
-        if len(outs) == 1:
-            return outs[0]
+        params, buffers = self._stacks[chunk]
+        return torch.vmap(call, in_dims=(0, 0))(params, buffers)
+
+    def _loop_chunk(self, chunk: int, images: torch.Tensor, keep_idx: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self._bounds[chunk]
+        outs = [forward_gathered(m, images, keep_idx) for m in self.models[a:b]]
+        return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+
+    def _outputs(self, form: str, images: torch.Tensor, keep_idx: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        run = self._vmap_chunk if form == "vmap" else self._loop_chunk
+        if len(self._bounds) == 1:
+            return run(0, images, keep_idx)
+        recompute = torch.is_grad_enabled() and images.requires_grad
+        outs = [checkpoint(run, i, images, keep_idx, use_reentrant=False) if recompute
+                else run(i, images, keep_idx) for i in range(len(self._bounds))]
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+    def _vmap_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._outputs("vmap", images, keep_idx)
 
     def _loop_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        outs = [forward_gathered(m, images, keep_idx) for m in self.models]
-        return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+        return self._outputs("loop", images, keep_idx)
 
     def teacher_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-teacher logits ``(K, B, C)`` and CLS attention ``(K, B, prefix + n)``."""
-        if self.form == "vmap":
-            return self._vmap_outputs(images, keep_idx)
-        return self._loop_outputs(images, keep_idx)
+        return self._outputs(self.form, images, keep_idx)
 
     def _fastest_form(self) -> Form:
         probe = torch.randn(32, *self._input_shape(), device=self.device, requires_grad=True)

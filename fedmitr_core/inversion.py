@@ -107,13 +107,17 @@ class ModelInverter:
         had when pruned, and one dense forward over all patches gives the
         soft labels and the attention that ranks the kept patches into H
         (every other patch, pruned ones included, is L).
+    precision
+        ``auto`` (bf16 autocast for the teachers' forwards on CUDA), ``fp32``
+        or ``bf16``.
     """
 
     def __init__(self, ensemble: TeacherEnsemble, image_shape: tuple[int, int, int],
                  patch_size: int, iterations: int, lr: float, betas: tuple[float, float],
                  loss: InversionLoss, jitter: int, flip: bool, prune_at: tuple[float, ...],
                  prune_ratio: float, keep_ratio: float, temperature: float,
-                 low_label: str, pruned_patches: str = "blank") -> None:
+                 low_label: str, pruned_patches: str = "blank", precision: str = "auto"
+                 ) -> None:
         self.ensemble = ensemble
         self.image_shape = image_shape
         self.patch = patch_size
@@ -129,6 +133,7 @@ class ModelInverter:
         self.temperature = temperature
         self.low_label = low_label
         self.pruned_patches = pruned_patches
+        self.precision = precision
 
     @property
     def sparse(self) -> bool:
@@ -165,7 +170,7 @@ class ModelInverter:
         prefix = self.ensemble.num_prefix
         for step in range(1, self.iterations + 1):
             x, idx = self._jitter(images, keep_idx, generator)
-            with autocast(device):
+            with autocast(device, self.precision):
                 logits, attn = self.ensemble.teacher_outputs(x, idx)
             mixture = self.ensemble.mixture(logits)
             loss, parts = self.loss(logits, mixture, weights, labels, images * pixel_mask)
@@ -242,4 +247,5 @@ def build_inverter(ensemble: TeacherEnsemble, cfg: FedMITRConfig,
         prune_at=inv.prune_at if sparse else (), prune_ratio=inv.prune_ratio,
         keep_ratio=inv.keep_ratio, temperature=cfg.distill.temperature,
         low_label=cfg.distill.low_label, pruned_patches=inv.pruned_patches,
+        precision=cfg.server.precision,
     )

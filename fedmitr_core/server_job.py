@@ -33,7 +33,7 @@ from fedmitr_core.reports import (
     write_metrics,
     write_report,
 )
-from fedmitr_core.training import accuracy, resolve_device, set_seed
+from fedmitr_core.training import accuracy, resolve_device, set_seed, uses_bf16
 
 REFERENCES = ("ensemble", "fedavg", "local-mean")
 
@@ -56,19 +56,13 @@ def resolve_run_dir(cfg: FedMITRConfig, app_dir: Path) -> Path:
     return out.resolve() / name
 
 
-def uses_bf16(device: torch.device, precision: str) -> bool:
-    """Whether the server's work runs under bf16 autocast (``auto``: on CUDA only)."""
-    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (Linux/macOS)."""
+    import resource
+    import sys
 
-
-def server_autocast(device: torch.device, precision: str) -> torch.autocast:
-    """bf16 autocast for the server's work when :func:`uses_bf16` says so.
-
-    Weights, optimiser state and the losses' softmaxes stay in float32 (autocast
-    keeps those ops in fp32); matmuls and attention run in bf16.
-    """
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16,
-                          enabled=uses_bf16(device, precision))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes vs KiB
 
 
 def _versions() -> dict[str, str]:
@@ -112,6 +106,9 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
     log = emit or (lambda _msg: None)
     experts = select_teachers(teachers, cfg.server.teachers_per_class)
     ensemble = TeacherEnsemble(experts, cfg.server.weighting, cfg.server.ensemble_form, device)
+    if len(ensemble) > 50:
+        log(f"note: {len(ensemble)} teachers: every inversion step runs all of them; "
+            "teachers-per-class=2 caps the ensemble at 2 per class")
     log(f"ensemble of {len(ensemble)} teachers (of {len(teachers)} uploads; "
         f"teachers-per-class {cfg.server.teachers_per_class or 'all'}) on {device}, form "
         f"'{ensemble.form}' (probe seconds: {ensemble.form_timings or 'not measured'})")
@@ -142,8 +139,7 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
         else:
             log(f"method '{name}': start")
             start = time.perf_counter()
-            with server_autocast(device, cfg.server.precision):
-                out = METHODS[name](ctx)
+            out = METHODS[name](ctx)
             seconds = time.perf_counter() - start
             model, details, pool = out.model, out.details, out.pool
             save_method_result(folder, model, {"seconds": seconds, "details": details})
@@ -189,6 +185,7 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
         "ensemble-form": ensemble.form,
         "ensemble-form-probe-seconds": ensemble.form_timings,
         "device": str(device),
+        "server-peak-rss-mb": peak_rss_mb(),
         "bf16-autocast": uses_bf16(device, cfg.server.precision),
         "seed": cfg.seed,
         "versions": _versions(),

@@ -32,10 +32,19 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def autocast(device: torch.device) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA, nothing on CPU."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+def uses_bf16(device: torch.device, precision: str = "auto") -> bool:
+    """Whether forwards run under bf16 autocast: ``auto`` means on CUDA only."""
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def autocast(device: torch.device, precision: str = "auto") -> contextlib.AbstractContextManager:
+    """bf16 autocast for model forwards when :func:`uses_bf16` says so.
+
+    Only forwards run under it: the losses, the optimiser and the weights stay
+    in float32.
+    """
+    if uses_bf16(device, precision):
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -68,8 +77,13 @@ def train_local(model: nn.Module, data: Split, cfg: ClientConfig, device: torch.
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.local_lr,
                             weight_decay=cfg.local_weight_decay)
     steps = cfg.local_epochs * max(1, -(-len(data) // cfg.local_batch_size))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.local_lr, total_steps=steps,
-                                                pct_start=0.1)
+    if steps >= 4:
+        # At least two warm-up steps: OneCycleLR divides by zero on shorter phases
+        # (a tiny partition trained for a few epochs).
+        sched = torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=cfg.local_lr, total_steps=steps, pct_start=max(0.1, 2.0 / steps))
+    else:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _step: 1.0)
     images, labels = data.images.to(device), data.labels.to(device)
     for epoch in range(cfg.local_epochs):
         total = 0.0

@@ -46,9 +46,10 @@ def flwr_env(tmp_path_factory):
                    check=False)
 
 
-def _flwr_run(env: dict, run_config: dict, supernodes: int, timeout: int = 600):
+def _flwr_run(env: dict, run_config: dict, supernodes: int, timeout: int = 600,
+              federation: str = ""):
     cmd = [FLWR, "run", ".", "--stream",
-           "--federation-config", f"num-supernodes={supernodes}",
+           "--federation-config", f"num-supernodes={supernodes} {federation}".strip(),
            "--run-config", _run_config(run_config)]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -103,3 +104,29 @@ def test_flwr_run_refuses_a_bad_alpha_naming_the_key(tmp_path, flwr_env):
     log = proc.stdout + proc.stderr
     assert "run config key 'alpha'" in log, log[-3000:]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.e2e
+def test_dozens_of_supernodes_every_upload_accounted_for(tmp_path, flwr_env):
+    """A Ray simulation with 48 SuperNodes on ~1.1k digits: tiny and empty partitions."""
+    out = tmp_path / "outputs"
+    run_config = {**TINY, "local-epochs": 40, "alpha": 0.1, "min-partition-size": 12,
+                  "methods": "fedmitr", "teachers-per-class": 2, "output-dir": str(out),
+                  "run-name": "many"}
+    proc = _flwr_run(flwr_env, run_config, supernodes=48,
+                     federation="client-resources-num-cpus=1")
+    log = proc.stdout + proc.stderr
+    metrics_file = out / "many" / "metrics.json"
+    assert metrics_file.is_file(), log[-4000:]
+    metrics = json.loads(metrics_file.read_text())
+    up = metrics["uploads"]
+    assert up["num-partitions"] == 48
+    assert len(up["accepted"]) + len(up["rejected"]) + len(up["failed"]) == 48
+    assert up["failed"] == []
+    # 'min-partition-size' 12 cannot hold for 48 Dirichlet(0.1) partitions of ~1.1k
+    # images: the split is drawn without it, and the empty clients are named.
+    assert all(r["reasons"] == ["metric 'num-examples' is 0: the client has no training "
+                                "data (empty partition)"] for r in up["rejected"])
+    assert metrics["num-teachers"] == len(up["accepted"])
+    assert 0 < len(metrics["ensemble-teachers"]) <= 2 * 10
+    assert metrics["results"]["ensemble"]["accuracy"] > 0.15

@@ -55,18 +55,20 @@ def test_kd_real_distils_on_the_real_training_images(tiny_context):
         METHODS["kd-real"](no_data)
 
 
-def test_fedmitr_under_bf16_autocast_runs_matmuls_in_bf16_and_still_learns(tiny_context):
-    # What `precision=auto` does on CUDA, exercised here on CPU.
-    from fedmitr_core.server_job import server_autocast, uses_bf16
+def test_fedmitr_under_bf16_autocast_runs_forwards_in_bf16_and_still_learns(tiny_context):
+    # What `precision=auto` does on CUDA, forced here on CPU with `precision=bf16`.
+    from fedmitr_core.training import uses_bf16
 
     ctx, splits = tiny_context
     assert uses_bf16(torch.device("cuda"), "auto") and not uses_bf16(ctx.device, "auto")
+    cfg = parse_config({**TINY, "local-epochs": 20, "syn-images": 60, "distill-epochs": 8,
+                        "alpha": 1.0, "precision": "bf16"})
+    bf16_ctx = ServerContext(**{**ctx.__dict__, "cfg": cfg})
     seen = []
     hook = ctx.ensemble.models[0].head.register_forward_hook(
         lambda _m, _i, out: seen.append(out.dtype))
     try:
-        with server_autocast(ctx.device, "bf16"):
-            out = METHODS["fedmitr"](ctx)
+        out = METHODS["fedmitr"](bf16_ctx)
     finally:
         hook.remove()
     assert torch.bfloat16 in seen

@@ -79,24 +79,34 @@ def test_vmap_ensemble_equals_loop_ensemble(chunk_size):
         assert v_logits.shape == (5, 5, 10)
         torch.testing.assert_close(v_logits, l_logits, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(v_attn, l_attn, atol=1e-5, rtol=1e-5)
+    # Gradients to the images (what inversion uses) agree too, chunks recomputed or not.
+    grads = []
+    for ens in (loop, vmap, TeacherEnsemble(teachers, "class", "loop", torch.device("cpu"),
+                                            chunk_size=chunk_size)):
+        img = x.clone().requires_grad_(True)
+        logits, attn = ens.teacher_outputs(img, keep)
+        (logits.square().sum() + attn.sum()).backward()
+        grads.append(img.grad)
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(grads[2], grads[0], atol=1e-5, rtol=1e-4)
 
 
 def test_teachers_per_class_keeps_each_class_top_clients():
-    # 5 clients, 3 classes (hand-made): the top-2 holders of each class are
-    # class 0: clients 0 (9), 2 (5); class 1: 3 (8), 1 (6); class 2: 4 (7), 0 (3) / 2 (3) tie.
+    # 5 clients, 3 classes (hand-made). Top holders per class:
+    # class 0: clients 0 (9), 2 (5); class 1: 3 (8), 1 (6); class 2: 4 (7), then 0 and 2
+    # tie at 3: the lower index (0) is kept.
     counts = np.array([[9, 0, 3], [1, 6, 0], [5, 2, 3], [0, 8, 1], [0, 1, 7]])
     teachers = TeacherSet([_vit(seed=i) for i in range(5)], np.pad(counts, ((0, 0), (0, 7))),
                           client_ids=[f"c{i}" for i in range(5)])
-    chosen = select_teachers(teachers, 2)
-    assert chosen.client_ids == ["c0", "c1", "c2", "c3", "c4"]
-    assert chosen.label_counts[:, :3].tolist() == [[9, 0, 3], [0, 6, 0], [5, 0, 0],
-                                                   [0, 8, 0], [0, 0, 7]]
+    assert select_teachers(teachers, 2).client_ids == ["c0", "c1", "c2", "c3", "c4"]
     one = select_teachers(teachers, 1)
     assert one.client_ids == ["c0", "c3", "c4"]
     assert one.models[1] is teachers.models[3]
-    # Class weighting then mixes each class's experts only.
+    # The kept teachers keep their counts: class weighting runs over the kept set.
+    assert one.label_counts[:, :3].tolist() == [[9, 0, 3], [0, 8, 1], [0, 1, 7]]
     w = class_weights(one.label_counts)[:, :3]
-    torch.testing.assert_close(w, torch.eye(3))
+    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 3 / 11], [0.0, 8 / 9, 1 / 11],
+                                                [0.0, 1 / 9, 7 / 11]]))
     assert select_teachers(teachers, 0) is teachers
 
 

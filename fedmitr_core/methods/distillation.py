@@ -67,7 +67,7 @@ def distill_on_pool(ctx: ServerContext, name: str, pool: SyntheticPool,
         live=live, kept_tokens_only=d.student_tokens != "all",
         live_kept_tokens=d.student_tokens == "kept-live",
         checkpoint=None if folder is None else folder / CHECKPOINT_FILE,
-        checkpoint_every=ctx.cfg.server.checkpoint_every,
+        checkpoint_every=ctx.cfg.server.checkpoint_every, precision=ctx.cfg.server.precision,
     )
     return MethodResult(model=student.vit, pool=pool,
                         details={"pool-on-target": pool.on_target_rate(),
