@@ -29,6 +29,7 @@ import yaml
 
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data import load_dataset
+from fedmitr_core.methods import ROUND_METHODS
 from fedmitr_core.server_job import run_server_methods
 from fedmitr_core.upload_cache import cached_teachers
 
@@ -67,7 +68,12 @@ def load_sweep(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             isinstance(s, dict) for s in sweep["splits"]):
         raise ConfigError(f"benchmark preset '{path}': sweep key 'splits' must be a list of "
                           "mappings of partition keys")
-    parse_config(run_config)  # unknown or bad run-config keys fail here, before training
+    cfg = parse_config(run_config)  # unknown or bad run-config keys fail here, first
+    rounds = sorted(set(cfg.server.methods) & ROUND_METHODS)
+    if rounds:
+        raise ConfigError(f"benchmark preset '{path}': run-config key 'methods': {rounds} "
+                          "needs more rounds with the clients; it runs through `flwr run .` "
+                          "(see README), not on the cached one-shot uploads")
     for split in sweep["splits"]:
         parse_config({**run_config, **split})
     return run_config, sweep

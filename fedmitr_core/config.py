@@ -206,17 +206,23 @@ class ServerConfig:
     precision: Precision = "auto"
     min_clients: int = 0
     round_timeout: float = 3600.0
+    num_rounds: int = 10
     output_dir: str = "outputs"
     run_name: str = ""
     checkpoint_every: int = 10
     resume_from: str = ""
 
     def __post_init__(self) -> None:
-        from fedmitr_core.methods import METHODS
+        from fedmitr_core.methods import METHODS, ROUND_METHODS
 
         _check(len(self.methods) >= 1, "methods", "at least one method name", self.methods)
+        known = sorted(METHODS) + sorted(ROUND_METHODS)
         for name in self.methods:
-            _check(name in METHODS, "methods", f"names from {sorted(METHODS)}", name)
+            _check(name in known, "methods", f"names from {known}", name)
+        _check(self.methods[0] in METHODS, "methods",
+               "a one-shot method first (it is the saved global model)", self.methods[0])
+        _check(self.num_rounds >= 2, "num-rounds", "an integer >= 2 (rounds of fedavg-rounds)",
+               self.num_rounds)
         _check(self.teachers_per_class >= 0, "teachers-per-class",
                "an integer >= 0 (0: every client is a teacher)", self.teachers_per_class)
         _check(self.min_clients >= 0, "min-clients", "an integer >= 0 (0: all partitions)",

@@ -123,3 +123,23 @@ def plot_label_distribution(label_counts: np.ndarray, client_ids: list[str], pat
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_rounds(rounds: list[dict[str, float]], levels: dict[str, float], path: Path) -> None:
+    """Test accuracy of multi-round FedAvg per round, one-shot methods as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ax.plot([r["round"] for r in rounds], [100 * r["accuracy"] for r in rounds], "o-",
+            label="fedavg-rounds")
+    for i, (name, acc) in enumerate(levels.items()):
+        ax.axhline(100 * acc, linestyle="--", color=f"C{i + 1}", label=f"{name} (one shot)")
+    ax.set_xlabel("communication rounds")
+    ax.set_ylabel("test top-1 (%)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -23,7 +23,7 @@ from fedmitr_core.checkpoint import (
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data import DatasetSplits
 from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet, select_teachers
-from fedmitr_core.methods import METHODS, ServerContext
+from fedmitr_core.methods import METHODS, ROUND_METHODS, ServerContext
 from fedmitr_core.progress import Emit
 from fedmitr_core.reports import (
     plot_label_distribution,
@@ -127,6 +127,8 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
     first_pool = None
     global_model: nn.Module | None = None
     for name in cfg.server.methods:
+        if name in ROUND_METHODS:
+            continue  # more rounds with the clients: the ServerApp runs it afterwards
         folder = ctx.method_state(name)
         assert folder is not None
         done = load_method_result(folder, ctx.new_vit)

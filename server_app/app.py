@@ -15,6 +15,7 @@ from fedmitr_core.data import load_dataset
 from fedmitr_core.local_data import DataSpec
 from fedmitr_core.offline import resume_run
 from fedmitr_core.server_job import resolve_run_dir
+from server_app.fedavg_rounds import add_fedavg_rounds
 from server_app.strategy import OneShotStrategy, emit_log
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -39,3 +40,5 @@ def main(grid: Grid, context: Context) -> None:
     strategy.start(grid=grid, initial_arrays=ArrayRecord(initial_model(cfg, splits).state_dict()),
                    num_rounds=1, timeout=cfg.server.round_timeout,
                    train_config=ConfigRecord(DataSpec.of(splits).to_record()))
+    if "fedavg-rounds" in cfg.server.methods:
+        add_fedavg_rounds(grid, cfg, splits, run_dir, emit_log)

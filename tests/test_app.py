@@ -162,3 +162,42 @@ def test_each_upload_is_on_disk_as_soon_as_it_arrives(tiny_run_config, tmp_path)
     assert len(replies) == 3
     # Before the 2nd and 3rd pulls, the replies pulled so far were already persisted.
     assert on_disk_before_next_pull == [0, 1, 2]
+
+
+def test_fedavg_rounds_continue_the_one_shot_round_with_flowers_fedavg(tiny_run_config,
+                                                                       tmp_path):
+    from server_app.fedavg_rounds import add_fedavg_rounds
+
+    run_config = {**tiny_run_config, "local-epochs": 5, "methods": "fedavg,fedavg-rounds",
+                  "num-rounds": 3, "output-dir": str(tmp_path), "run-name": "r"}
+    cfg = parse_config(run_config)
+    splits, arrays = _initial(cfg)
+    strategy = OneShotStrategy(cfg, splits, tmp_path / "r")
+    grid = InProcessGrid(run_config, num_nodes=3)
+    strategy.start(grid=grid, initial_arrays=arrays, num_rounds=1, timeout=60)
+    lines: list[str] = []
+    result = add_fedavg_rounds(grid, cfg, splits, tmp_path / "r", lines.append)
+
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    one_shot = metrics["results"]["fedavg"]["accuracy"]
+    rounds = metrics["results"]["fedavg-rounds"]["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    # Round 1 of FedAvg is the one-shot round: the same model, the same accuracy.
+    assert rounds[0]["accuracy"] == pytest.approx(one_shot, abs=1e-9)
+    assert result["accuracy"] == rounds[-1]["accuracy"]
+    assert (tmp_path / "r" / "fedavg_rounds.png").is_file()
+    assert "fedavg-rounds (3 rounds)" in (tmp_path / "r" / "report.md").read_text()
+    assert any("after round 3/3" in line for line in lines)
+
+
+def test_later_rounds_train_with_another_seed(tiny_run_config):
+    cfg = parse_config(tiny_run_config)
+    _, arrays = _initial(cfg)
+    states = []
+    for server_round in (1, 2):
+        msg = Message(content=RecordDict({"arrays": arrays, "config": ConfigRecord(
+            {"server-round": server_round})}), dst_node_id=7, message_type="train")
+        ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 2},
+                      state=RecordDict(), run_config=tiny_run_config)
+        states.append(client_app(msg, ctx).content.array_records["arrays"].to_torch_state_dict())
+    assert not np.allclose(states[0]["head.weight"].numpy(), states[1]["head.weight"].numpy())

@@ -24,6 +24,10 @@ def test_pyproject_defaults_equal_core_defaults():
         ({"weighting": "median"}, "'weighting'"),
         ({"preset": "does-not-exist"}, "'preset'"),
         ({"alhpa": 0.3}, "'alhpa'"),
+        ({"methods": "fedavg-rounds,fedmitr"}, "'methods'"),
+        ({"num-rounds": 1}, "'num-rounds'"),
+        ({"teachers-per-class": -1}, "'teachers-per-class'"),
+        ({"precision": "fp8"}, "'precision'"),
     ],
 )
 def test_bad_values_name_the_key(overrides, key):

@@ -21,4 +21,8 @@ METHODS: dict[str, ServerMethod] = {
     "kd-real": run_kd_real,
 }
 
-__all__ = ["METHODS", "MethodResult", "ServerContext", "ServerMethod"]
+# References that need more rounds with the clients: run by the ServerApp after the
+# one-shot round (server_app/fedavg_rounds.py), not on the one-shot uploads.
+ROUND_METHODS: frozenset[str] = frozenset({"fedavg-rounds"})
+
+__all__ = ["METHODS", "ROUND_METHODS", "MethodResult", "ServerContext", "ServerMethod"]

@@ -1,0 +1,96 @@
+"""The multi-round reference: Flower's own FedAvg, continued after the one-shot round.
+
+Round 1 of FedAvg is the one-shot round: the same clients train the same
+initial model with the same local epochs, and its aggregate is the one-shot
+``fedavg`` model. ``fedavg-rounds`` therefore starts Flower's ``FedAvg`` from
+that model and runs rounds 2..R, scoring the global model after every round.
+It is a reference for what R rounds of communication buy; it is not one-shot.
+Unlike the one-shot strategy, Flower's FedAvg averages every reply it gets
+(no validation of uploads).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from fedmitr_core.config import FedMITRConfig
+from fedmitr_core.data import DatasetSplits
+from fedmitr_core.local_data import DataSpec
+from fedmitr_core.methods import METHODS
+from fedmitr_core.methods.base import fedavg_state
+from fedmitr_core.models import vit_factory
+from fedmitr_core.reports import plot_rounds, results_table, write_metrics
+from fedmitr_core.training import accuracy, resolve_device
+from fedmitr_core.uploads import load_teacher_set
+
+
+def run_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, splits: DatasetSplits,
+                      round1_state: dict[str, torch.Tensor], emit: Callable[[str], None]
+                      ) -> dict[str, Any]:
+    """Rounds 2..``num-rounds`` of Flower's FedAvg from the one-shot FedAvg model.
+
+    Returns the ``fedavg-rounds`` result: final accuracies, the wall seconds of
+    rounds 2..R (client training included) and ``rounds``, the accuracy after
+    each round (round 1 is the one-shot ``fedavg`` model).
+    """
+    new_model = vit_factory(cfg, splits)
+    device = resolve_device(cfg.server.device)
+    rounds: list[dict[str, float]] = []
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        model = new_model()
+        model.load_state_dict(arrays.to_torch_state_dict())
+        test, val = accuracy(model, splits.test, device), accuracy(model, splits.val, device)
+        done = server_round + 1  # Flower's round 0 is the model it starts from: round 1's
+        rounds.append({"round": done, "accuracy": test, "val-accuracy": val})
+        emit(f"fedavg-rounds: after round {done}/{cfg.server.num_rounds}: test accuracy "
+             f"{100 * test:.2f} %")
+        return MetricRecord({"accuracy": test, "val-accuracy": val})
+
+    nodes = max(1, cfg.server.min_clients)
+    strategy = FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=nodes,
+                      min_available_nodes=nodes)
+    # Clients seed each round's training from the round number; 'round-offset'
+    # continues the count after the one-shot round.
+    train_config = ConfigRecord({**DataSpec.of(splits).to_record(), "round-offset": 1})
+    start = time.perf_counter()
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(round1_state),
+                   num_rounds=cfg.server.num_rounds - 1, timeout=cfg.server.round_timeout,
+                   train_config=train_config, evaluate_fn=evaluate)
+    last = rounds[-1]
+    return {"accuracy": last["accuracy"], "val-accuracy": last["val-accuracy"],
+            "seconds": time.perf_counter() - start, "rounds": rounds}
+
+
+def add_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, splits: DatasetSplits, run_dir: Path,
+                      emit: Callable[[str], None]) -> dict[str, Any]:
+    """Run the reference after the one-shot round; add it to the run's outputs.
+
+    Adds ``results["fedavg-rounds"]`` to ``metrics.json``, its row to
+    ``report.md`` and ``fedavg_rounds.png`` (accuracy per round, the one-shot
+    methods as lines).
+    """
+    teachers = load_teacher_set(run_dir / "uploads", vit_factory(cfg, splits))
+    result = run_fedavg_rounds(grid, cfg, splits, fedavg_state(teachers), emit)
+    metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
+    results = metrics["results"]
+    results["fedavg-rounds"] = result
+    write_metrics(run_dir, metrics)
+    report = (run_dir / "report.md").read_text(encoding="utf-8")
+    name = f"fedavg-rounds ({cfg.server.num_rounds} rounds)"
+    row = results_table({name: result}).splitlines()[-1]
+    note = "fedavg-rounds: not one-shot; its seconds are rounds 2..R, client training included"
+    (run_dir / "report.md").write_text(f"{report}\n{row}\n\n- {note}\n", encoding="utf-8")
+    one_shot = {m: results[m]["accuracy"] for m in cfg.server.methods if m in METHODS}
+    plot_rounds(result["rounds"], one_shot, run_dir / "fedavg_rounds.png")
+    emit("results (test top-1):\n" + results_table(results))
+    return result
