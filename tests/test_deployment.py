@@ -52,7 +52,10 @@ class Network:
         tag = f"{os.getpid() % 10000}{random.randint(0, 99)}"
         self.bridge = f"fmbr{tag}"
         self.namespaces = [f"fmns{tag}-{i}" for i in range(count)]
-        self.subnet = f"10.{random.randint(100, 250)}.{random.randint(0, 250)}"
+        used = _sh("ip", "-4", "route").stdout if shutil.which("ip") else ""
+        self.subnet = next(net for net in (f"10.{random.randint(100, 250)}."
+                                           f"{random.randint(0, 250)}" for _ in range(100))
+                           if f"{net}." not in used)
         wanted = os.environ.get("FEDMITR_TEST_NETNS", "1") != "0"  # 0: force localhost
         self.isolated = (wanted and os.geteuid() == 0 and shutil.which("ip") is not None
                          and self._setup())
