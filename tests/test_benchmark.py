@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY
+from conftest import ROOT, TINY
 
 from benchmarks.accuracy import load_sweep, run_benchmark, summary_table
-from fedmitr_core.config import ConfigError
+from fedmitr_core.config import ConfigError, parse_config
 
 
 def _preset(tmp_path: Path, run_config: dict, sweep: dict, name: str = "tiny") -> Path:
@@ -60,3 +60,20 @@ def test_summary_table_gives_mean_and_std_over_seeds():
     table = summary_table(records)
     assert "| m | 30.00 ± 10.00 |" in table
     assert "| method | dir-0.1 |" in table
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (ROOT / "sim_configs").glob("*.yaml")))
+def test_every_shipped_preset_is_valid(preset):
+    """App presets parse; benchmark presets (with a sweep) pass the benchmark's checks too."""
+    path = ROOT / "sim_configs" / preset
+    data = yaml.safe_load(path.read_text())
+    cfg = parse_config({"preset": path.stem})
+    assert cfg.preset == path.stem
+    if "sweep" in data:
+        run_config, sweep = load_sweep(path)
+        assert sweep["seeds"] and sweep["splits"]
+        name = parse_config(run_config).model.pretrained
+        if name:  # a timm name, downloaded on users' machines: it must be one timm knows
+            import timm
+
+            assert name in timm.list_pretrained(), name
