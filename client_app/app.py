@@ -14,7 +14,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedmitr_core.client_job import client_partition, train_client
+from fedmitr_core.client_job import client_partition, client_seed, train_client
 from fedmitr_core.config import DataConfig, FedMITRConfig, parse_config
 from fedmitr_core.data import DatasetSplits, Split, load_dataset
 from fedmitr_core.local_data import DataSpec, load_local_data
@@ -71,18 +71,16 @@ def train(msg: Message, context: Context) -> Message:
     if data_path:
         spec = _server_spec(msg)
         data = _local_data(str(data_path), spec)
-        seed = cfg.seed * 1000 + int(context.node_id) % 1000
+        client = int(context.node_id) % 1000
     else:
         partition_id, num_partitions = _node_partition(context)
         splits = _dataset(cfg.data, cfg.seed)
         spec = DataSpec.of(splits)
         data = client_partition(cfg, splits, partition_id, num_partitions,
                                 _partitions(cfg, num_partitions))
-        seed = cfg.seed * 1000 + partition_id
+        client = partition_id
         ids = {"partition-id": partition_id, "num-partitions": num_partitions}
-    # Later rounds (the fedavg-rounds reference) train with a fresh seed; round 1,
-    # the one-shot round, keeps the seed the benchmark's cached uploads were made with.
-    seed += 7919 * (_round_number(msg) - 1)
+    seed = client_seed(cfg.seed, client, _round_number(msg))
     initial = msg.content.array_records[next(iter(msg.content.array_records))]
     update = train_client(cfg, data, spec.num_classes, initial.to_torch_state_dict(),
                           seed=seed, image_size=spec.image_size, in_chans=spec.in_chans)

@@ -34,6 +34,16 @@ def initial_model(cfg: FedMITRConfig, splits: DatasetSplits) -> torch.nn.Module:
     return model
 
 
+def client_seed(seed: int, client: int, server_round: int = 1) -> int:
+    """The seed client ``client`` trains with in ``server_round``.
+
+    Round 1, the one-shot round, gives every client of the run its own seed;
+    later rounds (the ``fedavg-rounds`` reference) shift it, so a client does not
+    repeat its round-1 shuffling and augmentation.
+    """
+    return seed * 1000 + client + 7919 * (server_round - 1)
+
+
 def client_partition(cfg: FedMITRConfig, splits: DatasetSplits, partition_id: int,
                      num_partitions: int, partitions: Sequence[np.ndarray] | None = None
                      ) -> Split:
@@ -81,6 +91,6 @@ def simulate_clients(cfg: FedMITRConfig, num_clients: int, splits: DatasetSplits
     for pid in range(num_clients):
         data = client_partition(cfg, splits, pid, num_clients, partitions)
         updates.append(train_client(cfg, data, splits.num_classes, init,
-                                    seed=cfg.seed * 1000 + pid, image_size=splits.image_size,
+                                    seed=client_seed(cfg.seed, pid), image_size=splits.image_size,
                                     in_chans=splits.in_chans))
     return splits, updates

@@ -64,11 +64,13 @@ def _stratified_split(labels: np.ndarray, fraction: float, seed: int
     return kept, held_out
 
 
-def _normalise(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+def normalise(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """``(images - mean) / std`` per channel, for ``(n, c, h, w)`` images."""
     return (images - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1)
 
 
-def _resize(images: torch.Tensor, size: int) -> torch.Tensor:
+def resize(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear resize of ``(n, c, h, w)`` images to ``size`` x ``size`` (no-op if already)."""
     if images.shape[-1] == size and images.shape[-2] == size:
         return images
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
@@ -82,7 +84,7 @@ def _load_digits(cfg: DataConfig) -> Loaded:
 
     bunch = load_digits()
     images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    return (_resize(images, cfg.image_size), bunch.target.astype(np.int64), None,
+    return (resize(images, cfg.image_size), bunch.target.astype(np.int64), None,
             [str(c) for c in bunch.target_names])
 
 
@@ -102,7 +104,7 @@ def _load_cifar(cfg: DataConfig, num_classes: int) -> Loaded:
 
     def to_tensor(ds: datasets.VisionDataset) -> tuple[torch.Tensor, np.ndarray]:
         x = torch.tensor(np.asarray(ds.data), dtype=torch.float32).permute(0, 3, 1, 2) / 255
-        return _resize(x, cfg.image_size), np.asarray(ds.targets, dtype=np.int64)
+        return resize(x, cfg.image_size), np.asarray(ds.targets, dtype=np.int64)
 
     x_train, y_train = to_tensor(train)
     return x_train, y_train, to_tensor(test), list(train.classes)
@@ -158,12 +160,12 @@ def load_dataset(cfg: DataConfig, seed: int = 0) -> DatasetSplits:
     mean = images[train_idx].mean(dim=(0, 2, 3))
     std = images[train_idx].std(dim=(0, 2, 3)).clamp_min(1e-3)
     y = torch.as_tensor(labels)
-    full = Split(_normalise(images, mean, std), y)
+    full = Split(normalise(images, mean, std), y)
     num_classes = int(max(labels.max(), test[1].max()) + 1)
     return DatasetSplits(
         train=full.subset(train_idx),
         val=full.subset(val_idx),
-        test=Split(_normalise(test[0], mean, std), torch.as_tensor(test[1])),
+        test=Split(normalise(test[0], mean, std), torch.as_tensor(test[1])),
         num_classes=num_classes,
         in_chans=int(images.shape[1]),
         image_size=cfg.image_size,

@@ -157,14 +157,6 @@ class TeacherEnsemble:
                 else run(i, images, keep_idx) for i in range(len(self._bounds))]
         return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
-    def _vmap_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._outputs("vmap", images, keep_idx)
-
-    def _loop_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._outputs("loop", images, keep_idx)
-
     def teacher_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-teacher logits ``(K, B, C)`` and CLS attention ``(K, B, prefix + n)``."""
@@ -172,11 +164,11 @@ class TeacherEnsemble:
 
     def _fastest_form(self) -> Form:
         probe = torch.randn(32, *self._input_shape(), device=self.device, requires_grad=True)
-        for form, fn in (("loop", self._loop_outputs), ("vmap", self._vmap_outputs)):
+        for form in ("loop", "vmap"):
             best = float("inf")
             for _ in range(3):
                 start = time.perf_counter()
-                logits, _ = fn(probe, None)
+                logits, _ = self._outputs(form, probe, None)
                 logits.sum().backward()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()

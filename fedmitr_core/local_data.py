@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from fedmitr_core.data import DatasetSplits, Split
+from fedmitr_core.data import DatasetSplits, Split, normalise, resize
 
 NPZ_IMAGES, NPZ_LABELS = "images", "labels"
 
@@ -71,12 +70,8 @@ def _to_spec(images: torch.Tensor, spec: DataSpec) -> torch.Tensor:
             images = images.expand(-1, spec.in_chans, -1, -1)
         elif spec.in_chans == 1:
             images = images.mean(dim=1, keepdim=True)
-    if images.shape[-2:] != (spec.image_size, spec.image_size):
-        images = F.interpolate(images, size=(spec.image_size, spec.image_size),
-                               mode="bilinear", align_corners=False)
-    mean = torch.tensor(spec.mean, dtype=torch.float32).view(1, -1, 1, 1)
-    std = torch.tensor(spec.std, dtype=torch.float32).view(1, -1, 1, 1)
-    return ((images - mean) / std).contiguous()
+    return normalise(resize(images, spec.image_size), torch.tensor(spec.mean),
+                     torch.tensor(spec.std)).contiguous()
 
 
 def _channels_first(images: np.ndarray, path: Path) -> np.ndarray:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
 from fedmitr_core.config import ConfigError, PartitionConfig
 
 
-def _make_partitioner(cfg: PartitionConfig, num_partitions: int, seed: int,
-                      min_partition_size: int | None = None):  # noqa: ANN202
+def _make_partitioner(cfg: PartitionConfig, num_partitions: int, seed: int):  # noqa: ANN202
     from flwr_datasets.partitioner import (
         DirichletPartitioner,
         IidPartitioner,
@@ -20,9 +20,7 @@ def _make_partitioner(cfg: PartitionConfig, num_partitions: int, seed: int,
     if cfg.partitioner == "dirichlet":
         return DirichletPartitioner(
             num_partitions=num_partitions, partition_by="label", alpha=cfg.alpha,
-            min_partition_size=(cfg.min_partition_size if min_partition_size is None
-                                else min_partition_size),
-            self_balancing=False, seed=seed,
+            min_partition_size=cfg.min_partition_size, self_balancing=False, seed=seed,
         )
     if cfg.partitioner == "pathological":
         return PathologicalPartitioner(
@@ -58,12 +56,10 @@ def partition_indices(labels: np.ndarray, cfg: PartitionConfig, num_partitions: 
             f"(classes in the data), got {cfg.classes_per_client}"
         )
     ds = Dataset.from_dict({"label": labels.astype(np.int64), "index": np.arange(len(labels))})
-    partitioner = _make_partitioner(cfg, num_partitions, seed)
-    partitioner.dataset = ds
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # one per failed Dirichlet draw
-            return _load_all(partitioner, num_partitions)
+            return _load_all(_make_partitioner(cfg, num_partitions, seed), ds, num_partitions)
     except ValueError as err:
         if cfg.partitioner != "dirichlet" or "max number of attempts" not in str(err):
             raise
@@ -75,12 +71,12 @@ def partition_indices(labels: np.ndarray, cfg: PartitionConfig, num_partitions: 
         f"{num_partitions} Dirichlet partitions of {len(labels)} examples (alpha "
         f"{cfg.alpha}); partitioning without it: some partitions are tiny or empty",
         RuntimeWarning, stacklevel=2)
-    partitioner = _make_partitioner(cfg, num_partitions, seed, min_partition_size=0)
+    no_floor = _make_partitioner(replace(cfg, min_partition_size=0), num_partitions, seed)
+    return _load_all(no_floor, ds, num_partitions)
+
+
+def _load_all(partitioner, ds, num_partitions: int) -> list[np.ndarray]:  # noqa: ANN001
     partitioner.dataset = ds
-    return _load_all(partitioner, num_partitions)
-
-
-def _load_all(partitioner, num_partitions: int) -> list[np.ndarray]:  # noqa: ANN001
     return [np.asarray(partitioner.load_partition(pid)["index"], dtype=np.int64)
             for pid in range(num_partitions)]
 
