@@ -195,6 +195,52 @@ class DistillConfig:
 
 
 @dataclass(frozen=True)
+class BaselineConfig:
+    """The generator-based baselines: DENSE, Co-Boosting and FedFTG (DESIGN.md §4).
+
+    They share the budget keys with the inversion methods: ``syn-images``
+    synthetic images in all, made in ``gen-rounds`` rounds, and as many student
+    steps as ``distill-epochs`` epochs over ``syn-images`` images.
+    """
+
+    gen_rounds: int = 10
+    gen_steps: int = 30
+    gen_lr: float = 1e-3
+    gen_nz: int = 256
+    gen_width: int = 64
+    dense_oh: float = 1.0
+    dense_adv: float = 1.0
+    dense_temperature: float = 20.0
+    coboost_oh: float = 1.0
+    coboost_adv: float = 1.0
+    coboost_hard_power: float = 1.0
+    coboost_adv_temperature: float = 3.0
+    coboost_mu: float = 0.01
+    coboost_mu_decay: float = 0.99
+    coboost_ods_eps: float = 8 / 255
+    coboost_temperature: float = 4.0
+    fedftg_ce: float = 1.0
+    fedftg_adv: float = 1.0
+    fedftg_div: float = 1.0
+    fedftg_temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        for key in ("gen_rounds", "gen_steps", "gen_nz", "gen_width"):
+            value = getattr(self, key)
+            _check(value >= 1, key.replace("_", "-"), "an integer >= 1", value)
+        for key in ("gen_lr", "dense_temperature", "coboost_adv_temperature",
+                    "coboost_temperature", "fedftg_temperature"):
+            value = getattr(self, key)
+            _check(value > 0, key.replace("_", "-"), "a float > 0", value)
+        for key in ("dense_oh", "dense_adv", "coboost_oh", "coboost_adv", "coboost_hard_power",
+                    "coboost_mu", "coboost_ods_eps", "fedftg_ce", "fedftg_adv", "fedftg_div"):
+            value = getattr(self, key)
+            _check(value >= 0, key.replace("_", "-"), "a float >= 0", value)
+        _check(0 < self.coboost_mu_decay <= 1, "coboost-mu-decay", "a float in (0, 1]",
+               self.coboost_mu_decay)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """What the server runs, where, and where it writes."""
 
@@ -252,6 +298,7 @@ class FedMITRConfig:
     client: ClientConfig = field(default_factory=ClientConfig)
     inversion: InversionConfig = field(default_factory=InversionConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 
     def __post_init__(self) -> None:
@@ -269,13 +316,13 @@ class FedMITRConfig:
 
 
 _SECTIONS = (DataConfig, PartitionConfig, ModelConfig, ClientConfig, InversionConfig,
-             DistillConfig, ServerConfig)
+             DistillConfig, BaselineConfig, ServerConfig)
 
 
 _SECTION_ATTRS: dict[type, str] = {
     DataConfig: "data", PartitionConfig: "partition", ModelConfig: "model",
     ClientConfig: "client", InversionConfig: "inversion", DistillConfig: "distill",
-    ServerConfig: "server",
+    BaselineConfig: "baseline", ServerConfig: "server",
 }
 
 

@@ -28,6 +28,10 @@ def test_pyproject_defaults_equal_core_defaults():
         ({"num-rounds": 1}, "'num-rounds'"),
         ({"teachers-per-class": -1}, "'teachers-per-class'"),
         ({"precision": "fp8"}, "'precision'"),
+        ({"gen-rounds": 0}, "'gen-rounds'"),
+        ({"coboost-mu-decay": 1.5}, "'coboost-mu-decay'"),
+        ({"dense-temperature": 0}, "'dense-temperature'"),
+        ({"fedftg-div": -1}, "'fedftg-div'"),
     ],
 )
 def test_bad_values_name_the_key(overrides, key):

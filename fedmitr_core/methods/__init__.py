@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from fedmitr_core.methods.base import MethodResult, ServerContext, ServerMethod
+from fedmitr_core.methods.coboosting import run_coboosting
+from fedmitr_core.methods.dense import run_dense
 from fedmitr_core.methods.distillation import (
     run_deepinversion,
     run_fedmitr,
@@ -11,6 +13,7 @@ from fedmitr_core.methods.distillation import (
     run_kd_real,
 )
 from fedmitr_core.methods.fedavg import run_fedavg
+from fedmitr_core.methods.fedftg import run_fedftg
 
 METHODS: dict[str, ServerMethod] = {
     "fedmitr": run_fedmitr,
@@ -19,6 +22,9 @@ METHODS: dict[str, ServerMethod] = {
     "fedmitr-relabel": run_fedmitr_relabel,
     "fedavg": run_fedavg,
     "kd-real": run_kd_real,
+    "dense": run_dense,
+    "coboosting": run_coboosting,
+    "fedftg": run_fedftg,
 }
 
 # References that need more rounds with the clients: run by the ServerApp after the
