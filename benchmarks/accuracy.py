@@ -13,7 +13,8 @@ server methods are the app's (``fedmitr_core.server_job.run_server_methods``).
 Writes ``benchmarks/results/<preset>[-<tag>]/``: ``table.md`` (test top-1,
 mean ± std over seeds), ``val_table.md`` (the validation split, on which
 defaults are chosen), ``results.json`` (every seed), ``runs/`` (each run's
-outputs) and ``accuracy.png``.
+outputs), ``accuracy.png`` and, when ``methods`` holds ``fedavg-rounds``,
+``rounds.png`` (FedAvg accuracy against rounds, one-shot methods as lines).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ import numpy as np
 import yaml
 
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
-from fedmitr_core.data import load_dataset
-from fedmitr_core.methods import ROUND_METHODS
+from fedmitr_core.data import DatasetSplits, load_dataset
+from fedmitr_core.ensemble import TeacherSet
+from fedmitr_core.methods.base import fedavg_state
+from fedmitr_core.progress import Emit
+from fedmitr_core.reports import draw_rounds
 from fedmitr_core.server_job import run_server_methods
 from fedmitr_core.upload_cache import cached_teachers
 
@@ -68,12 +72,7 @@ def load_sweep(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             isinstance(s, dict) for s in sweep["splits"]):
         raise ConfigError(f"benchmark preset '{path}': sweep key 'splits' must be a list of "
                           "mappings of partition keys")
-    cfg = parse_config(run_config)  # unknown or bad run-config keys fail here, first
-    rounds = sorted(set(cfg.server.methods) & ROUND_METHODS)
-    if rounds:
-        raise ConfigError(f"benchmark preset '{path}': run-config key 'methods': {rounds} "
-                          "needs more rounds with the clients; it runs through `flwr run .` "
-                          "(see README), not on the cached one-shot uploads")
+    parse_config(run_config)  # unknown or bad run-config keys fail here, first
     for split in sweep["splits"]:
         parse_config({**run_config, **split})
     return run_config, sweep
@@ -85,10 +84,17 @@ def _mean_std(values: list[float]) -> str:
 
 
 def summary_table(records: list[dict[str, Any]], metric: str = "accuracy") -> str:
-    """Markdown: rows methods, columns splits, cells mean ± std over seeds (%)."""
+    """Markdown: rows methods, columns splits, cells mean ± std over seeds (%).
+
+    When the splits were not run with the same number of seeds, each column
+    says how many it has.
+    """
     splits = list(dict.fromkeys(r["split"] for r in records))
     methods = list(dict.fromkeys(m for r in records for m in r["results"]))
-    lines = ["| method | " + " | ".join(splits) + " |", "|---" * (len(splits) + 1) + "|"]
+    seeds = {s: len({r["seed"] for r in records if r["split"] == s}) for s in splits}
+    heads = splits if len(set(seeds.values())) <= 1 else [
+        f"{s} ({seeds[s]} seed{'s' if seeds[s] > 1 else ''})" for s in splits]
+    lines = ["| method | " + " | ".join(heads) + " |", "|---" * (len(splits) + 1) + "|"]
     for m in methods:
         cells = []
         for s in splits:
@@ -126,17 +132,90 @@ def plot_accuracy(records: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def run_rounds(run_config: dict[str, Any], cfg: FedMITRConfig, data: DatasetSplits,
+               teachers: TeacherSet, num_clients: int, run_dir: Path, emit: Emit
+               ) -> dict[str, Any]:
+    """``fedavg-rounds`` on the cached uploads: Flower's FedAvg with the real ClientApp.
+
+    Round 1 is the cached one-shot round (its FedAvg model); rounds 2..R train
+    every client again through the app's ClientApp, delivered in this process
+    (``server_app.in_process_grid``), and Flower's ``FedAvg`` aggregates them.
+    """
+    from server_app.fedavg_rounds import add_fedavg_rounds
+    from server_app.in_process_grid import InProcessGrid
+
+    grid = InProcessGrid(run_config, num_clients)
+    return add_fedavg_rounds(grid, cfg, data, run_dir, emit, fedavg_state(teachers))
+
+
+def plot_rounds_by_split(records: list[dict[str, Any]], path: Path) -> None:
+    """Per split: FedAvg accuracy against rounds (mean over seeds), one-shot methods as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = list(dict.fromkeys(r["split"] for r in records if "fedavg-rounds" in r["results"]))
+    fig, axes = plt.subplots(1, len(splits), figsize=(4.2 * len(splits), 3.4), squeeze=False)
+    for ax, split in zip(axes[0], splits, strict=True):
+        rows = [r["results"] for r in records if r["split"] == split
+                and "fedavg-rounds" in r["results"]]
+        per_round = np.array([[x["accuracy"] for x in res["fedavg-rounds"]["rounds"]]
+                              for res in rows]).mean(axis=0)
+        levels = {m: float(np.mean([res[m]["accuracy"] for res in rows if m in res]))
+                  for m in rows[0] if m not in ("fedavg-rounds", "fedavg", "local-mean")}
+        draw_rounds(ax, [{"round": i + 1, "accuracy": float(a)}
+                         for i, a in enumerate(per_round)], levels)
+        ax.set_title(f"{split} (mean of {len(rows)} seed{'s' if len(rows) > 1 else ''})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records already in ``out/results.json``, if it was made with this run config.
+
+    Only ``methods`` may differ (a record holds the methods it ran).
+    """
+    path = out / "results.json"
+    if not path.is_file():
+        return []
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    old, new = saved.get("run-config", {}), run_config
+    differing = sorted(k for k in set(old) | set(new)
+                       if k != "methods" and old.get(k) != new.get(k))
+    if differing:
+        k = differing[0]
+        raise ConfigError(f"--append: {path} was made with another run config (key '{k}': "
+                          f"{old.get(k)!r} there, {new.get(k)!r} now); use another --tag")
+    return list(saved.get("records", []))
+
+
 def run_benchmark(preset: Path, seeds: list[int] | None = None,
                   splits: list[str] | None = None, overrides: dict[str, Any] | None = None,
                   tag: str = "", results_root: Path = ROOT / "results",
-                  cache_dir: Path = ROOT / "cache") -> list[dict[str, Any]]:
-    """Run the sweep of ``preset``; return one record per (split, seed)."""
+                  cache_dir: Path = ROOT / "cache", append: bool = False
+                  ) -> list[dict[str, Any]]:
+    """Run the sweep of ``preset``; return one record per (split, seed).
+
+    With ``append`` the records already in the results folder are kept (those of
+    the (split, seed) pairs run again are replaced) and the tables cover them all.
+    """
     run_config, sweep = load_sweep(preset)
     run_config.update(overrides or {})
     out = results_root / (preset.stem + (f"-{tag}" if tag else ""))
     (out / "runs").mkdir(parents=True, exist_ok=True)
     chosen = [s for s in sweep["splits"] if not splits or split_name(s) in splits]
+    earlier = previous_records(out, run_config) if append else []
+    order = [split_name(s) for s in sweep["splits"]]
     records: list[dict[str, Any]] = []
+
+    def all_records() -> list[dict[str, Any]]:
+        done = {(r["split"], r["seed"]) for r in records}
+        kept = [r for r in earlier if (r["split"], r["seed"]) not in done]
+        return sorted(kept + records, key=lambda r: (
+            order.index(r["split"]) if r["split"] in order else len(order), r["seed"]))
+
     for split in chosen:
         for seed in seeds if seeds is not None else sweep["seeds"]:
             cfg: FedMITRConfig = parse_config({**run_config, **split, "seed": int(seed)})
@@ -147,18 +226,24 @@ def run_benchmark(preset: Path, seeds: list[int] | None = None,
             client_s = time.perf_counter() - start
             print(f"[{name}] {len(teachers)} teachers "
                   f"({'cached' if cached else f'trained in {client_s:.0f} s'})", flush=True)
-            outcome = run_server_methods(teachers, cfg, data, out / "runs" / name,
-                                         emit=lambda line, n=name: print(f"[{n}] {line}",
-                                                                         flush=True))
+            emit = lambda line, n=name: print(f"[{n}] {line}", flush=True)  # noqa: E731
+            outcome = run_server_methods(teachers, cfg, data, out / "runs" / name, emit=emit)
+            if "fedavg-rounds" in cfg.server.methods:
+                outcome.results["fedavg-rounds"] = run_rounds(
+                    {**run_config, **split, "seed": int(seed)}, cfg, data, teachers,
+                    int(sweep["num-clients"]), out / "runs" / name, emit)
             records.append({"split": split_name(split), "seed": int(seed), "cached": cached,
                             "results": outcome.results})
             (out / "results.json").write_text(json.dumps(
                 {"preset": str(preset), "run-config": run_config, "sweep": sweep,
-                 "records": records}, indent=1, default=float), encoding="utf-8")
+                 "records": all_records()}, indent=1, default=float), encoding="utf-8")
+    records = all_records()
     (out / "table.md").write_text(summary_table(records) + "\n", encoding="utf-8")
     (out / "val_table.md").write_text(summary_table(records, "val-accuracy") + "\n",
                                       encoding="utf-8")
     plot_accuracy(records, out / "accuracy.png")
+    if any("fedavg-rounds" in r["results"] for r in records):
+        plot_rounds_by_split(records, out / "rounds.png")
     print(f"test top-1 (%), mean ± std over seeds; written to {out}\n"
           + summary_table(records))
     print("validation top-1 (%)\n" + summary_table(records, "val-accuracy"))
@@ -174,12 +259,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run-config key (repeatable)")
     parser.add_argument("--tag", default="", help="suffix of the results folder")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the records already in the results folder (same run "
+                             "config but for 'methods'); re-run (split, seed) pairs replace "
+                             "theirs")
     args = parser.parse_args(argv)
     run_benchmark(
         args.preset,
         seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
         splits=args.splits.split(",") if args.splits else None,
-        overrides=parse_overrides(args.set, "--set"), tag=args.tag,
+        overrides=parse_overrides(args.set, "--set"), tag=args.tag, append=args.append,
     )
 
 

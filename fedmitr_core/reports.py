@@ -50,6 +50,12 @@ def write_report(run_dir: Path, title: str, results: dict[str, dict[str, Any]],
     _write_text(run_dir / "report.md", "\n".join(body) + "\n")
 
 
+def append_report(run_dir: Path, lines: list[str]) -> None:
+    """Add ``lines`` to the end of ``report.md`` (rewritten atomically)."""
+    report = (run_dir / "report.md").read_text(encoding="utf-8")
+    _write_text(run_dir / "report.md", report + "\n" + "\n".join(lines) + "\n")
+
+
 def _to_rgb(images: torch.Tensor) -> np.ndarray:
     x = images.float()
     lo = x.amin(dim=(1, 2, 3), keepdim=True)
@@ -125,6 +131,18 @@ def plot_label_distribution(label_counts: np.ndarray, client_ids: list[str], pat
     plt.close(fig)
 
 
+def draw_rounds(ax: Any, rounds: list[dict[str, float]], levels: dict[str, float]) -> None:
+    """On ``ax``: FedAvg test accuracy per round, each one-shot level as a line."""
+    ax.plot([r["round"] for r in rounds], [100 * r["accuracy"] for r in rounds], "o-",
+            color="C0", label="fedavg-rounds")
+    for i, (name, acc) in enumerate(levels.items()):
+        ax.axhline(100 * acc, linestyle=":" if name == "ensemble" else "--", color=f"C{i + 1}",
+                   label=f"{name} (one shot)")
+    ax.set_xlabel("communication rounds")
+    ax.set_ylabel("test top-1 (%)")
+    ax.legend(fontsize=7)
+
+
 def plot_rounds(rounds: list[dict[str, float]], levels: dict[str, float], path: Path) -> None:
     """Test accuracy of multi-round FedAvg per round, one-shot methods as lines."""
     import matplotlib
@@ -133,13 +151,7 @@ def plot_rounds(rounds: list[dict[str, float]], levels: dict[str, float], path: 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    ax.plot([r["round"] for r in rounds], [100 * r["accuracy"] for r in rounds], "o-",
-            label="fedavg-rounds")
-    for i, (name, acc) in enumerate(levels.items()):
-        ax.axhline(100 * acc, linestyle="--", color=f"C{i + 1}", label=f"{name} (one shot)")
-    ax.set_xlabel("communication rounds")
-    ax.set_ylabel("test top-1 (%)")
-    ax.legend(fontsize=7)
+    draw_rounds(ax, rounds, levels)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -28,7 +28,7 @@ from fedmitr_core.local_data import DataSpec
 from fedmitr_core.methods import METHODS
 from fedmitr_core.methods.base import fedavg_state
 from fedmitr_core.models import vit_factory
-from fedmitr_core.reports import plot_rounds, results_table, write_metrics
+from fedmitr_core.reports import append_report, plot_rounds, results_table, write_metrics
 from fedmitr_core.training import accuracy, resolve_device
 from fedmitr_core.uploads import load_teacher_set
 
@@ -72,24 +72,27 @@ def run_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, splits: DatasetSplits,
 
 
 def add_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, splits: DatasetSplits, run_dir: Path,
-                      emit: Callable[[str], None]) -> dict[str, Any]:
+                      emit: Callable[[str], None],
+                      round1_state: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Run the reference after the one-shot round; add it to the run's outputs.
 
     Adds ``results["fedavg-rounds"]`` to ``metrics.json``, its row to
     ``report.md`` and ``fedavg_rounds.png`` (accuracy per round, the one-shot
-    methods as lines).
+    methods as lines). Round 1's model is ``round1_state`` or, by default, the
+    FedAvg of the uploads persisted in ``<run_dir>/uploads``.
     """
-    teachers = load_teacher_set(run_dir / "uploads", vit_factory(cfg, splits))
-    result = run_fedavg_rounds(grid, cfg, splits, fedavg_state(teachers), emit)
+    if round1_state is None:
+        teachers = load_teacher_set(run_dir / "uploads", vit_factory(cfg, splits))
+        round1_state = fedavg_state(teachers)
+    result = run_fedavg_rounds(grid, cfg, splits, round1_state, emit)
     metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     results = metrics["results"]
     results["fedavg-rounds"] = result
     write_metrics(run_dir, metrics)
-    report = (run_dir / "report.md").read_text(encoding="utf-8")
     name = f"fedavg-rounds ({cfg.server.num_rounds} rounds)"
     row = results_table({name: result}).splitlines()[-1]
     note = "fedavg-rounds: not one-shot; its seconds are rounds 2..R, client training included"
-    (run_dir / "report.md").write_text(f"{report}\n{row}\n\n- {note}\n", encoding="utf-8")
+    append_report(run_dir, [row, "", f"- {note}"])
     one_shot = {m: results[m]["accuracy"] for m in cfg.server.methods if m in METHODS}
     plot_rounds(result["rounds"], one_shot, run_dir / "fedavg_rounds.png")
     emit("results (test top-1):\n" + results_table(results))

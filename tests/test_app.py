@@ -1,71 +1,17 @@
 """The real ClientApp and the real Strategy, driven in-process through a small Grid."""
 
 import json
-from collections.abc import Callable, Iterable
 
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.serverapp import Grid
 
 from client_app.app import app as client_app
 from fedmitr_core.client_job import initial_model
 from fedmitr_core.config import parse_config
 from fedmitr_core.data import load_dataset
+from server_app.in_process_grid import InProcessGrid
 from server_app.strategy import ArrivalGrid, InsufficientUploadsError, OneShotStrategy
-
-
-class InProcessGrid(Grid):
-    """Delivers each message to the real ClientApp of its node, in this process."""
-
-    def __init__(self, run_config: dict, num_nodes: int,
-                 tamper: Callable[[int, Message], Message] | None = None) -> None:
-        self.run_config = run_config
-        self.nodes = list(range(101, 101 + num_nodes))
-        self.tamper = tamper
-        self.waiting: list = []
-        self.pulls = 0
-
-    def set_run(self, run):  # noqa: ANN001
-        self._run = run
-
-    @property
-    def run(self):  # noqa: ANN201
-        return self._run
-
-    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa
-        return Message(content=content, dst_node_id=dst_node_id, message_type=message_type)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.nodes)
-
-    def push_messages(self, messages):  # noqa: ANN001
-        """Run every node's real ClientApp now; replies wait to be pulled, one per pull."""
-        self.waiting = []
-        ids = []
-        for msg in messages:
-            # What Flower's grids do on push: the id the replies will refer to.
-            msg.metadata.__dict__["_message_id"] = msg.object_id
-            node = msg.metadata.dst_node_id
-            pid = self.nodes.index(node)
-            ctx = Context(run_id=1, node_id=node, state=RecordDict(),
-                          node_config={"partition-id": pid, "num-partitions": len(self.nodes)},
-                          run_config=self.run_config)
-            reply = client_app(msg, ctx)
-            reply = self.tamper(pid, reply) if self.tamper else reply
-            if reply is not None:  # None: the reply is lost (the node stays silent)
-                self.waiting.append(reply)
-            ids.append(msg.metadata.message_id)
-        return ids
-
-    def pull_messages(self, message_ids):  # noqa: ANN001
-        self.pulls += 1
-        return [self.waiting.pop(0)] if self.waiting else []
-
-    def send_and_receive(self, messages, *, timeout=None):  # noqa: ANN001
-        self.push_messages(messages)
-        replies, self.waiting = self.waiting, []
-        return replies
 
 
 def _initial(cfg):

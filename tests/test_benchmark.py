@@ -77,3 +77,40 @@ def test_every_shipped_preset_is_valid(preset):
             import timm
 
             assert name in timm.list_pretrained(), name
+
+
+def test_fedavg_rounds_continue_the_cached_round_through_the_client_app(tmp_path):
+    run_config = {**TINY, "local-epochs": 3, "methods": "fedavg,fedavg-rounds", "num-rounds": 3}
+    preset = _preset(tmp_path, run_config, SWEEP, name="rounds")
+    records = run_benchmark(preset, results_root=tmp_path / "results",
+                            cache_dir=tmp_path / "cache")
+    results = records[0]["results"]
+    rounds = results["fedavg-rounds"]["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    # Round 1 is the cached one-shot round: its model is the one-shot FedAvg model.
+    assert rounds[0]["accuracy"] == pytest.approx(results["fedavg"]["accuracy"], abs=1e-9)
+    assert results["fedavg-rounds"]["accuracy"] == rounds[-1]["accuracy"]
+    out = tmp_path / "results" / "rounds"
+    assert (out / "rounds.png").is_file()
+    assert "| fedavg-rounds |" in (out / "table.md").read_text()
+    metrics = out / "runs" / "dir-0.5-seed0" / "metrics.json"
+    assert "fedavg-rounds" in metrics.read_text()
+
+
+def test_append_keeps_earlier_records_of_the_same_run_config(tmp_path):
+    sweep = {**SWEEP, "seeds": [0, 1], "splits": [{"partitioner": "dirichlet", "alpha": 0.5},
+                                                  {"partitioner": "iid"}]}
+    preset = _preset(tmp_path, {**TINY, "local-epochs": 2, "methods": "fedavg"}, sweep)
+    kwargs = {"results_root": tmp_path / "results", "cache_dir": tmp_path / "cache"}
+    run_benchmark(preset, seeds=[0, 1], splits=["dir-0.5"], **kwargs)
+    both = run_benchmark(preset, seeds=[0], splits=["iid"], append=True, **kwargs)
+    assert [(r["split"], r["seed"]) for r in both] == [("dir-0.5", 0), ("dir-0.5", 1),
+                                                       ("iid", 0)]
+    table = (tmp_path / "results" / "tiny" / "table.md").read_text()
+    assert "| method | dir-0.5 (2 seeds) | iid (1 seed) |" in table
+    # Without --append the folder holds only the new run; another run config is refused.
+    alone = run_benchmark(preset, seeds=[0], splits=["iid"], **kwargs)
+    assert [(r["split"], r["seed"]) for r in alone] == [("iid", 0)]
+    with pytest.raises(ConfigError, match="'temperature'"):
+        run_benchmark(preset, seeds=[0], splits=["iid"], append=True,
+                      overrides={"temperature": 2.0}, **kwargs)

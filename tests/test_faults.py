@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
-from test_app import InProcessGrid, _initial
+from test_app import _initial
 
 from fedmitr_core.config import ConfigError, parse_config
 from fedmitr_core.models import build_vit
+from server_app.in_process_grid import InProcessGrid
 from server_app.strategy import OneShotStrategy
 
 
