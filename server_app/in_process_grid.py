@@ -12,6 +12,7 @@ from typing import Any
 
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
 
 from client_app.app import app as client_app
 
@@ -39,6 +40,8 @@ class InProcessGrid(Grid):
         self.waiting: list[Message] = []
         self.pulls = 0
         self._run: Any = None
+        # Outside a Flower process nothing sets who is sending: Flower's Message needs it.
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 
     def set_run(self, run: Any) -> None:
         self._run = run

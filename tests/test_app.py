@@ -147,3 +147,22 @@ def test_later_rounds_train_with_another_seed(tiny_run_config):
                       state=RecordDict(), run_config=tiny_run_config)
         states.append(client_app(msg, ctx).content.array_records["arrays"].to_torch_state_dict())
     assert not np.allclose(states[0]["head.weight"].numpy(), states[1]["head.weight"].numpy())
+
+
+def test_in_process_grid_needs_no_flower_process_around_it():
+    # The benchmark builds Flower messages outside any Flower process (and without this
+    # file's fixture that sets the task identity): the grid must set what Message needs.
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("from flwr.app import Message, RecordDict\n"
+            "from server_app.in_process_grid import InProcessGrid\n"
+            "InProcessGrid({}, 2)\n"
+            "print(Message(content=RecordDict(), dst_node_id=101, message_type='train')"
+            ".metadata.dst_node_id)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "101"
