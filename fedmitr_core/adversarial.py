@@ -62,7 +62,7 @@ class GeneratorSynthesizer:
     reset_each_batch
         Re-initialise the generator before every batch (Co-Boosting).
     label_sampler
-        Draws the batch's target labels; ``None``: the labels are the ensemble's
+        Draws the batch's target labels; ``None``: the labels are the weighted ensemble's
         predictions on the kept images (DENSE's unconditional generator).
     grad_clip
         Max gradient norm of the generator's parameters.
@@ -107,7 +107,7 @@ class GeneratorSynthesizer:
         opt = torch.optim.Adam(params, lr=self.lr, betas=self.betas)
         student_was_training = student.training
         student.eval().requires_grad_(False)
-        best, best_images, best_parts = float("inf"), None, {}
+        best, best_images, best_teacher, best_parts = float("inf"), None, None, {}
         try:
             for _ in range(self.steps):
                 z = noise if self.optimise_noise else torch.randn(
@@ -121,15 +121,13 @@ class GeneratorSynthesizer:
                 nn.utils.clip_grad_norm_(g.parameters(), self.grad_clip)
                 opt.step()
                 if float(loss.detach()) < best:
-                    best, best_images, best_parts = float(loss.detach()), images.detach(), parts
+                    best, best_parts = float(loss.detach()), parts
+                    best_images, best_teacher = images.detach(), teacher.detach()
         finally:
             student.requires_grad_(True).train(student_was_training)
-        assert best_images is not None
-        if self.label_sampler is None:
-            with torch.no_grad():
-                uniform = torch.full((len(self.ensemble), batch_size), 1.0 / len(self.ensemble))
-                labels = combined_logits(self.ensemble, best_images, uniform,
-                                         self.precision).argmax(dim=-1)
+        assert best_images is not None and best_teacher is not None
+        if self.label_sampler is None:  # the ensemble's prediction on the kept images
+            labels = best_teacher.argmax(dim=-1)
         return best_images, labels, best_parts
 
 
