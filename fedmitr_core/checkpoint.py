@@ -1,6 +1,7 @@
 """Crash-safe server state: synthetic pools, distillation checkpoints, finished methods.
 
-Everything lives under ``<run>/state/<method>/`` and is written atomically
+Everything lives under ``<run>/state/<method>/`` (synthetic pools, which methods
+with the same inversion share, under ``<run>/state/pools/``) and is written atomically
 (temporary file, fsync, rename), so a server killed at any moment leaves
 either the previous file or the new one. A restarted server
 (``resume-from=<run>``) reuses what is there: a finished method is not run
@@ -23,22 +24,27 @@ from safetensors.torch import load_file, save_file
 from fedmitr_core.inversion import SyntheticPool
 from fedmitr_core.uploads import atomic_write
 
-POOL_FILE = "pool.safetensors"
 CHECKPOINT_FILE = "distill.pt"
 
 
-def save_pool(path: Path, pool: SyntheticPool, generator: torch.Generator) -> None:
-    """A pool and the generator state right after it was made."""
+def save_pool(path: Path, pool: SyntheticPool, generator: torch.Generator,
+              seconds: float = 0.0) -> None:
+    """A pool, the generator state right after it was made and the seconds it took."""
     tensors = {f: getattr(pool, f).contiguous() for f in SyntheticPool.__dataclass_fields__}
     tensors["generator_state"] = generator.get_state()
+    tensors["seconds"] = torch.tensor(float(seconds), dtype=torch.float64)
     atomic_write(path, lambda p: save_file(tensors, str(p)))
 
 
-def load_pool(path: Path, generator: torch.Generator) -> SyntheticPool:
-    """The pool saved at ``path``; ``generator`` is set to its saved state."""
+def load_pool(path: Path, generator: torch.Generator) -> tuple[SyntheticPool, float]:
+    """The pool saved at ``path`` and the seconds it took to make.
+
+    ``generator`` is set to the state saved with it.
+    """
     tensors = load_file(str(path))
     generator.set_state(tensors.pop("generator_state"))
-    return SyntheticPool(**{f: tensors[f] for f in SyntheticPool.__dataclass_fields__})
+    seconds = float(tensors.pop("seconds", torch.tensor(0.0)))
+    return SyntheticPool(**{f: tensors[f] for f in SyntheticPool.__dataclass_fields__}), seconds
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:

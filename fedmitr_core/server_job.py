@@ -15,7 +15,6 @@ from safetensors.torch import save_file
 from torch import nn
 
 from fedmitr_core.checkpoint import (
-    POOL_FILE,
     load_method_result,
     load_pool,
     save_method_result,
@@ -135,16 +134,20 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
         if done is not None:
             model, saved = done
             seconds, details = float(saved["seconds"]), saved["details"]
-            pool_file = folder / POOL_FILE
-            pool = load_pool(pool_file, torch.Generator()) if pool_file.is_file() else None
+            pool_file = run_dir / "state" / saved["pool"] if saved.get("pool") else None
+            pool = (load_pool(pool_file, torch.Generator())[0]
+                    if pool_file is not None and pool_file.is_file() else None)
             log(f"method '{name}': finished before the restart, read from {folder}")
         else:
             log(f"method '{name}': start")
             start = time.perf_counter()
             out = METHODS[name](ctx)
-            seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - start + out.reused_seconds
             model, details, pool = out.model, out.details, out.pool
-            save_method_result(folder, model, {"seconds": seconds, "details": details})
+            pool_name = (str(out.pool_file.relative_to(ctx.state_dir))
+                         if out.pool_file is not None else None)
+            save_method_result(folder, model, {"seconds": seconds, "details": details,
+                                               "pool": pool_name})
         results[name] = score(model.to(device), seconds, **details)
         log(f"method '{name}': test accuracy {100 * results[name]['accuracy']:.2f} % "
             f"in {seconds:.1f} s")

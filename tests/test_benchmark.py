@@ -54,6 +54,21 @@ def test_clients_are_trained_once_then_read_from_the_cache(tmp_path):
     assert "| fedavg |" in (out / "table.md").read_text()
 
 
+def test_worker_processes_run_every_pair_and_fill_the_same_cache(tmp_path):
+    preset = _preset(tmp_path, {**TINY, "local-epochs": 3, "methods": "fedavg"},
+                     {**SWEEP, "seeds": [0, 1]})
+    kwargs = {"results_root": tmp_path / "results", "cache_dir": tmp_path / "cache"}
+    parallel = run_benchmark(preset, workers=2, **kwargs)
+    assert [(r["seed"], r["cached"]) for r in parallel] == [(0, False), (1, False)]
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    again = run_benchmark(preset, **kwargs)  # one process, reading what the workers cached
+    assert all(r["cached"] for r in again)
+    for a, b in zip(parallel, again, strict=True):
+        assert a["results"]["ensemble"]["accuracy"] == b["results"]["ensemble"]["accuracy"]
+    saved = yaml.safe_load((tmp_path / "results" / "tiny" / "results.json").read_text())
+    assert [r["seed"] for r in saved["records"]] == [0, 1]
+
+
 def test_summary_table_gives_mean_and_std_over_seeds():
     records = [{"split": "dir-0.1", "seed": s, "results": {"m": {"accuracy": a}}}
                for s, a in ((0, 0.2), (1, 0.4))]

@@ -109,3 +109,24 @@ def test_fedmitr_under_bf16_autocast_runs_forwards_in_bf16_and_still_learns(tiny
     assert torch.bfloat16 in seen
     assert all(p.dtype == torch.float32 for p in out.model.parameters())
     assert accuracy(out.model, splits.test, ctx.device) > 0.15
+
+
+def test_methods_with_the_same_inversion_share_one_pool_and_its_cost(tiny_context, tmp_path):
+    ctx, _ = tiny_context
+    alone = METHODS["fedmitr-sparse"](ctx)  # no state folder: inverts itself
+    lines = []
+    shared = ServerContext(**{**ctx.__dict__, "state_dir": tmp_path, "emit": lines.append})
+    first = METHODS["fedmitr"](shared)
+    second = METHODS["fedmitr-sparse"](shared)
+    assert first.pool_file == second.pool_file and first.pool_file.is_file()
+    assert first.reused_seconds == 0.0 and second.reused_seconds > 0.0
+    assert sum("inversion step" in line for line in lines) > 0
+    assert any("fedmitr-sparse: synthetic pool of 60 images read from" in line for line in lines)
+    assert not any(line.startswith("fedmitr-sparse: sparse inversion") for line in lines)
+    # Reading the pool back gives exactly the result of inverting it again.
+    torch.testing.assert_close(second.pool.images, alone.pool.images)
+    for a, b in zip(alone.model.state_dict().values(), second.model.state_dict().values(),
+                    strict=True):
+        torch.testing.assert_close(a, b)
+    other = METHODS["deepinversion"](shared)
+    assert other.pool_file != first.pool_file and other.reused_seconds == 0.0

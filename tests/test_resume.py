@@ -55,7 +55,7 @@ def test_sigkill_during_distillation_then_resume_equals_an_uninterrupted_run(pub
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert not (killed / "metrics.json").exists()
-    assert (killed / "state" / "fedmitr" / "pool.safetensors").is_file()
+    assert (killed / "state" / "pools" / "sparse-inversion-1.safetensors").is_file()
 
     resumed = subprocess.run(_offline("--resume-from", str(killed)), cwd=ROOT, check=True,
                              capture_output=True, text=True)

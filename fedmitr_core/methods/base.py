@@ -38,6 +38,14 @@ class ServerContext:
         """Where method ``name`` keeps its pool and checkpoints, if anywhere."""
         return None if self.state_dir is None else self.state_dir / name
 
+    def pool_file(self, name: str) -> Path | None:
+        """Where the synthetic pool ``name`` is kept, if anywhere.
+
+        Methods that make the same pool (same synthesis, same salt) ask for the
+        same name and share it: the pool is made once per run.
+        """
+        return None if self.state_dir is None else self.state_dir / "pools" / f"{name}.safetensors"
+
     @property
     def image_shape(self) -> tuple[int, int, int]:
         """``(C, H, W)`` of the model's input."""
@@ -60,6 +68,8 @@ class MethodResult:
     model: nn.Module
     pool: SyntheticPool | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    pool_file: Path | None = None  # where ``pool`` is kept, if it is
+    reused_seconds: float = 0.0  # seconds of shared work made earlier (counted in its time)
 
 
 ServerMethod = Callable[[ServerContext], MethodResult]

@@ -6,9 +6,11 @@ student trains with; the pieces (inverter, loss, distillation loop) are shared.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-from fedmitr_core.checkpoint import CHECKPOINT_FILE, POOL_FILE, load_pool, save_pool
+from fedmitr_core.checkpoint import CHECKPOINT_FILE, load_pool, save_pool
 from fedmitr_core.distill import LiveRelabel, distill_student
 from fedmitr_core.inversion import SyntheticPool, build_inverter
 from fedmitr_core.losses import TokenRelabelLoss
@@ -23,22 +25,28 @@ def inversion_distillation(name: str, sparse: bool, token_relabel: bool, salt: i
     def run(ctx: ServerContext) -> MethodResult:
         cfg = ctx.cfg
         gen = ctx.generator(salt)
-        folder = ctx.method_state(name)
-        pool_file = None if folder is None else folder / POOL_FILE
+        kind = "sparse" if sparse else "dense"
+        # fedmitr / fedmitr-sparse and deepinversion / fedmitr-relabel invert alike
+        # (same kind, same salt): the pool is made once and its seconds counted for both.
+        pool_file = ctx.pool_file(f"{kind}-inversion-{salt}")
+        reused = 0.0
         if pool_file is not None and pool_file.is_file():
-            pool = load_pool(pool_file, gen)
+            pool, reused = load_pool(pool_file, gen)
             if ctx.emit is not None:
-                ctx.emit(f"{name}: synthetic pool of {len(pool)} images read from {pool_file}")
+                ctx.emit(f"{name}: synthetic pool of {len(pool)} images read from {pool_file} "
+                         f"(made in {reused:.1f} s)")
         else:
+            start = time.perf_counter()
             inverter = build_inverter(ctx.ensemble, cfg, ctx.image_shape, ctx.hflip_ok, sparse)
-            kind = "sparse" if sparse else "dense"
             pool = inverter.synthesize_pool(
                 cfg.inversion.syn_images, cfg.inversion.syn_batch_size, ctx.num_classes, gen,
                 label=f"{name}: {kind} inversion step", emit=ctx.emit,
             )
             if pool_file is not None:
-                save_pool(pool_file, pool, gen)
-        return distill_on_pool(ctx, name, pool, gen, token_relabel)
+                save_pool(pool_file, pool, gen, time.perf_counter() - start)
+        result = distill_on_pool(ctx, name, pool, gen, token_relabel)
+        result.pool_file, result.reused_seconds = pool_file, reused
+        return result
 
     run.__name__ = f"run_{name.replace('-', '_')}"
     run.__doc__ = (f"{name}: {'sparse' if sparse else 'dense'} inversion, KD"
