@@ -176,23 +176,41 @@ def plot_rounds_by_split(records: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The records already in ``out/results.json``, if it was made with this run config.
+SWEPT_KEYS = ("seed", "methods", "preset", "partitioner", "alpha", "classes-per-client")
 
-    Only ``methods`` may differ (a record holds the methods it ran).
+
+def resolved_settings(run_config: dict[str, Any]) -> dict[str, Any]:
+    """Every setting a run config resolves to (defaults included), but those a sweep varies."""
+    flat = parse_config(run_config).to_flat()
+    return {k: v for k, v in flat.items() if k not in SWEPT_KEYS}
+
+
+def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records already in ``out/results.json``, if made with the same settings.
+
+    The resolved settings are compared, defaults included, so a default that
+    changed in the code since is caught; only ``methods`` (and what the sweep
+    varies) may differ. Folders written before the settings were saved in
+    ``results.json`` are compared with their first run's ``config.yaml``.
     """
     path = out / "results.json"
     if not path.is_file():
         return []
     saved = json.loads(path.read_text(encoding="utf-8"))
-    old, new = saved.get("run-config", {}), run_config
-    differing = sorted(k for k in set(old) | set(new)
-                       if k != "methods" and old.get(k) != new.get(k))
-    if differing:
+    records = list(saved.get("records", []))
+    old = saved.get("resolved-config")
+    if old is None and records:
+        first = out / "runs" / f"{records[0]['split']}-seed{records[0]['seed']}" / "config.yaml"
+        old = {k: v for k, v in (yaml.safe_load(first.read_text(encoding="utf-8")) or {}).items()
+               if k not in SWEPT_KEYS}
+    new = resolved_settings(run_config)
+    differing = sorted(k for k in set(old or {}) | set(new)
+                       if (old or {}).get(k) != new.get(k))
+    if old is not None and differing:
         k = differing[0]
-        raise ConfigError(f"--append: {path} was made with another run config (key '{k}': "
+        raise ConfigError(f"--append: {path} was made with other settings (key '{k}': "
                           f"{old.get(k)!r} there, {new.get(k)!r} now); use another --tag")
-    return list(saved.get("records", []))
+    return records
 
 
 def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_clients: int,
@@ -251,7 +269,8 @@ def run_benchmark(preset: Path, seeds: list[int] | None = None,
     def keep(record: dict[str, Any]) -> None:
         records.append(record)
         (out / "results.json").write_text(json.dumps(
-            {"preset": str(preset), "run-config": run_config, "sweep": sweep,
+            {"preset": str(preset), "run-config": run_config,
+             "resolved-config": resolved_settings(run_config), "sweep": sweep,
              "records": all_records()}, indent=1, default=float), encoding="utf-8")
 
     if workers <= 1:

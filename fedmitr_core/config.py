@@ -170,8 +170,8 @@ class DistillConfig:
     distill_lr: float = 0.001
     temperature: float = 3.0
     kd_weight: float = 1.0
-    hi_weight: float = 0.5
-    lo_weight: float = 0.5
+    hi_weight: float = 0.1
+    lo_weight: float = 0.1
     low_label: LowLabel = "low-tokens"
     hi_agreed_only: bool = False
     student_init: StudentInit = "fedavg"

@@ -1,5 +1,6 @@
 """The accuracy benchmark: preset validation, the upload cache, and its tables."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,16 @@ def test_append_keeps_earlier_records_of_the_same_run_config(tmp_path):
     with pytest.raises(ConfigError, match="'temperature'"):
         run_benchmark(preset, seeds=[0], splits=["iid"], append=True,
                       overrides={"temperature": 2.0}, **kwargs)
+    # Settings are compared resolved: naming a default changes nothing...
+    default_t = parse_config({}).distill.temperature
+    run_benchmark(preset, seeds=[1], splits=["iid"], append=True,
+                  overrides={"temperature": default_t}, **kwargs)
+    # ...and a folder made under other defaults is refused, read from its runs' config.yaml.
+    results = tmp_path / "results" / "tiny" / "results.json"
+    saved = json.loads(results.read_text())
+    del saved["resolved-config"]
+    results.write_text(json.dumps(saved))
+    config = tmp_path / "results" / "tiny" / "runs" / "iid-seed0" / "config.yaml"
+    config.write_text(config.read_text().replace("hi-weight: ", "hi-weight: 0.9 #"))
+    with pytest.raises(ConfigError, match="'hi-weight'"):
+        run_benchmark(preset, seeds=[0], splits=["iid"], append=True, **kwargs)

@@ -130,3 +130,16 @@ def test_methods_with_the_same_inversion_share_one_pool_and_its_cost(tiny_contex
         torch.testing.assert_close(a, b)
     other = METHODS["deepinversion"](shared)
     assert other.pool_file != first.pool_file and other.reused_seconds == 0.0
+
+
+def test_a_method_can_fix_its_student_start_whatever_student_init_says(tiny_context):
+    from fedmitr_core.methods.base import fedavg_state, make_student
+
+    ctx, _ = tiny_context
+    cfg = parse_config({**TINY, "student-init": "scratch"})
+    scratch_ctx = ServerContext(**{**ctx.__dict__, "cfg": cfg})
+    averaged = fedavg_state(ctx.teachers)
+    fixed = make_student(scratch_ctx, init="fedavg").vit.state_dict()
+    fresh = make_student(scratch_ctx).vit.state_dict()
+    assert all(torch.equal(fixed[k], averaged[k]) for k in averaged)
+    assert not torch.equal(fresh["head.weight"], averaged["head.weight"])

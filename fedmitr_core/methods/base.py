@@ -85,9 +85,13 @@ def fedavg_state(teachers: TeacherSet) -> dict[str, torch.Tensor]:
             for name in states[0]}
 
 
-def make_student(ctx: ServerContext) -> StudentViT:
-    """The student ViT, initialised from one-shot FedAvg or from scratch."""
+def make_student(ctx: ServerContext, init: str | None = None) -> StudentViT:
+    """The student ViT, initialised from one-shot FedAvg or from scratch.
+
+    ``init`` (``fedavg`` or ``scratch``) overrides ``student-init`` for a method
+    whose start is part of its definition.
+    """
     vit = ctx.new_vit()
-    if ctx.cfg.distill.student_init == "fedavg":
+    if (init or ctx.cfg.distill.student_init) == "fedavg":
         vit.load_state_dict(fedavg_state(ctx.teachers))
     return StudentViT(vit, token_head_from_cls=ctx.cfg.distill.token_head_init == "cls-head")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from fedmitr_core.adversarial import GeneratorSynthesizer
@@ -26,9 +24,6 @@ def run_fedftg(ctx: ServerContext) -> MethodResult:
     b = ctx.cfg.baseline
     gen = ctx.generator(6)
     counts = torch.as_tensor(ctx.teachers.label_counts)
-    if ctx.cfg.distill.student_init != "fedavg":
-        ctx = replace(ctx, cfg=replace(ctx.cfg, distill=replace(ctx.cfg.distill,
-                                                                 student_init="fedavg")))
     synthesizer = GeneratorSynthesizer(
         new_generator(ctx, conditional=True, gen=gen), ctx.ensemble, ctx.ensemble.target_weights,
         ConditionalGeneratorLoss(b.fedftg_ce, b.fedftg_adv, b.fedftg_div),
@@ -37,4 +32,4 @@ def run_fedftg(ctx: ServerContext) -> MethodResult:
         precision=ctx.cfg.server.precision,
     )
     return run_generative(ctx, "fedftg", synthesizer, ctx.ensemble.target_weights,
-                          b.fedftg_temperature, gen)
+                          b.fedftg_temperature, gen, student_init="fedavg")

@@ -33,8 +33,12 @@ def student_steps(ctx: ServerContext) -> int:
 def run_generative(ctx: ServerContext, name: str, synthesizer: GeneratorSynthesizer,
                    teacher_weights: TeacherWeights, temperature: float, gen: torch.Generator,
                    perturbation: BatchPerturbation | None = None,
-                   before_round: RoundHook | None = None) -> MethodResult:
-    """Distil the project's student with a generator-based synthesizer, at the shared budget."""
+                   before_round: RoundHook | None = None,
+                   student_init: str | None = None) -> MethodResult:
+    """Distil the project's student with a generator-based synthesizer, at the shared budget.
+
+    The student starts as ``student-init`` says, or as ``student_init`` when given.
+    """
     cfg = ctx.cfg
     distiller = AdversarialDistiller(
         synthesizer, teacher_weights, rounds=cfg.baseline.gen_rounds,
@@ -44,7 +48,7 @@ def run_generative(ctx: ServerContext, name: str, synthesizer: GeneratorSynthesi
         perturbation=perturbation, before_round=before_round,
         precision=cfg.server.precision,
     )
-    student, images, labels = distiller.run(make_student(ctx), gen,
+    student, images, labels = distiller.run(make_student(ctx, student_init), gen,
                                             label=f"{name}: generator round", emit=ctx.emit)
     with torch.no_grad():
         agree = ctx.ensemble.predict(images).argmax(dim=1).cpu() == labels
