@@ -203,10 +203,11 @@ def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, An
         first = out / "runs" / f"{records[0]['split']}-seed{records[0]['seed']}" / "config.yaml"
         old = {k: v for k, v in (yaml.safe_load(first.read_text(encoding="utf-8")) or {}).items()
                if k not in SWEPT_KEYS}
+    if old is None:
+        return records
     new = resolved_settings(run_config)
-    differing = sorted(k for k in set(old or {}) | set(new)
-                       if (old or {}).get(k) != new.get(k))
-    if old is not None and differing:
+    differing = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if differing:
         k = differing[0]
         raise ConfigError(f"--append: {path} was made with other settings (key '{k}': "
                           f"{old.get(k)!r} there, {new.get(k)!r} now); use another --tag")
@@ -216,7 +217,8 @@ def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, An
 def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_clients: int,
              out: Path, cache_dir: Path) -> dict[str, Any]:
     """One (split, seed): train or load the clients, run every server method; its record."""
-    cfg: FedMITRConfig = parse_config({**run_config, **split, "seed": seed})
+    pair_config = {**run_config, **split, "seed": seed}
+    cfg: FedMITRConfig = parse_config(pair_config)
     name = f"{split_name(split)}-seed{seed}"
     data = load_dataset(cfg.data, cfg.seed)
     start = time.perf_counter()
@@ -228,8 +230,7 @@ def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_c
     outcome = run_server_methods(teachers, cfg, data, out / "runs" / name, emit=emit)
     if "fedavg-rounds" in cfg.server.methods:
         outcome.results["fedavg-rounds"] = run_rounds(
-            {**run_config, **split, "seed": seed}, cfg, data, teachers, num_clients,
-            out / "runs" / name, emit)
+            pair_config, cfg, data, teachers, num_clients, out / "runs" / name, emit)
     return {"split": split_name(split), "seed": seed, "cached": cached,
             "client-seconds": 0.0 if cached else client_s, "results": outcome.results}
 
@@ -266,11 +267,13 @@ def run_benchmark(preset: Path, seeds: list[int] | None = None,
     pairs = [(split, int(seed)) for split in chosen
              for seed in (seeds if seeds is not None else sweep["seeds"])]
 
+    settings = resolved_settings(run_config)
+
     def keep(record: dict[str, Any]) -> None:
         records.append(record)
         (out / "results.json").write_text(json.dumps(
             {"preset": str(preset), "run-config": run_config,
-             "resolved-config": resolved_settings(run_config), "sweep": sweep,
+             "resolved-config": settings, "sweep": sweep,
              "records": all_records()}, indent=1, default=float), encoding="utf-8")
 
     if workers <= 1:

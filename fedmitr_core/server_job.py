@@ -97,8 +97,9 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
         checkpoints) left by a run that was stopped; otherwise start afresh.
     """
     run_dir.mkdir(parents=True, exist_ok=True)
+    state_dir = run_dir / "state"
     if not resume:
-        shutil.rmtree(run_dir / "state", ignore_errors=True)
+        shutil.rmtree(state_dir, ignore_errors=True)
     write_config(run_dir, cfg.to_flat())
     set_seed(cfg.seed)
     device = resolve_device(cfg.server.device)
@@ -114,7 +115,7 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
     ctx = ServerContext(
         teachers=teachers, ensemble=ensemble, cfg=cfg, num_classes=splits.num_classes,
         in_chans=splits.in_chans, image_size=splits.image_size, hflip_ok=splits.hflip_ok,
-        device=device, emit=emit, real_train=splits.train, state_dir=run_dir / "state",
+        device=device, emit=emit, real_train=splits.train, state_dir=state_dir,
     )
 
     def score(model: Any, seconds: float, **details: Any) -> dict[str, Any]:
@@ -134,7 +135,7 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
         if done is not None:
             model, saved = done
             seconds, details = float(saved["seconds"]), saved["details"]
-            pool_file = run_dir / "state" / saved["pool"] if saved.get("pool") else None
+            pool_file = state_dir / saved["pool"] if saved.get("pool") else None
             pool = (load_pool(pool_file, torch.Generator())[0]
                     if pool_file is not None and pool_file.is_file() else None)
             log(f"method '{name}': finished before the restart, read from {folder}")
@@ -144,7 +145,7 @@ def run_server_methods(teachers: TeacherSet, cfg: FedMITRConfig, splits: Dataset
             out = METHODS[name](ctx)
             seconds = time.perf_counter() - start + out.reused_seconds
             model, details, pool = out.model, out.details, out.pool
-            pool_name = (str(out.pool_file.relative_to(ctx.state_dir))
+            pool_name = (str(out.pool_file.relative_to(state_dir))
                          if out.pool_file is not None else None)
             save_method_result(folder, model, {"seconds": seconds, "details": details,
                                                "pool": pool_name})
