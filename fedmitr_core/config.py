@@ -30,6 +30,7 @@ DeviceName = Literal["auto", "cpu", "cuda"]
 Precision = Literal["auto", "fp32", "bf16"]
 InversionObjective = Literal["per-teacher", "mixture"]
 PrunedPatches = Literal["blank", "keep"]
+TokenRanking = Literal["attention", "random"]
 LowLabel = Literal["low-tokens", "full-image"]
 StudentInit = Literal["fedavg", "scratch"]
 StudentTokens = Literal["kept", "kept-live", "all"]
@@ -141,6 +142,7 @@ class InversionConfig:
     prune_ratio: float = 0.3
     keep_ratio: float = 0.5
     pruned_patches: PrunedPatches = "blank"
+    token_ranking: TokenRanking = "attention"
 
     def __post_init__(self) -> None:
         _check(self.syn_images >= 1, "syn-images", "an integer >= 1", self.syn_images)

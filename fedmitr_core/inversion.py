@@ -107,6 +107,10 @@ class ModelInverter:
         had when pruned, and one dense forward over all patches gives the
         soft labels and the attention that ranks the kept patches into H
         (every other patch, pruned ones included, is L).
+    token_ranking
+        ``attention``: patches are pruned and split into H / L by the
+        ensemble's CLS attention (FedMITR); ``random``: by random scores, the
+        ablation that shows what the attention contributes.
     precision
         ``auto`` (bf16 autocast for the teachers' forwards on CUDA), ``fp32``
         or ``bf16``.
@@ -116,8 +120,8 @@ class ModelInverter:
                  patch_size: int, iterations: int, lr: float, betas: tuple[float, float],
                  loss: InversionLoss, jitter: int, flip: bool, prune_at: tuple[float, ...],
                  prune_ratio: float, keep_ratio: float, temperature: float,
-                 low_label: str, pruned_patches: str = "blank", precision: str = "auto"
-                 ) -> None:
+                 low_label: str, pruned_patches: str = "blank", precision: str = "auto",
+                 token_ranking: str = "attention") -> None:
         self.ensemble = ensemble
         self.image_shape = image_shape
         self.patch = patch_size
@@ -134,11 +138,25 @@ class ModelInverter:
         self.low_label = low_label
         self.pruned_patches = pruned_patches
         self.precision = precision
+        self.token_ranking = token_ranking
 
     @property
     def sparse(self) -> bool:
         """Whether patches are pruned during inversion."""
         return bool(self.prune_steps)
+
+    def _patch_scores(self, labels: torch.Tensor, attn: torch.Tensor,
+                      generator: torch.Generator) -> torch.Tensor:
+        """Scores of the patches in ``attn`` (``(B, n)``) for pruning and ranking.
+
+        The teachers' CLS attention weighted by their share of each target class,
+        or random scores for ``token_ranking="random"``.
+        """
+        patch_attn = attn[:, :, self.ensemble.num_prefix:].float()
+        if self.token_ranking == "random":
+            return torch.rand(patch_attn.shape[1:], generator=generator).to(attn.device)
+        weights = self.ensemble.target_weights(labels)
+        return torch.einsum("kb,kbn->bn", weights, patch_attn)
 
     def _jitter(self, images: torch.Tensor, keep_idx: torch.Tensor,
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +185,6 @@ class ModelInverter:
         keep_idx = all_patch_indices(b, self.num_patches, device)
         pixel_mask = torch.ones(b, 1, *self.image_shape[1:], device=device)
         weights = self.ensemble.target_weights(labels)  # (K, B)
-        prefix = self.ensemble.num_prefix
         for step in range(1, self.iterations + 1):
             x, idx = self._jitter(images, keep_idx, generator)
             with autocast(device, self.precision):
@@ -179,7 +196,7 @@ class ModelInverter:
             images.grad.mul_(pixel_mask)
             opt.step()
             if step in self.prune_steps:
-                score = torch.einsum("kb,kbn->bn", weights, attn[:, :, prefix:].float())
+                score = self._patch_scores(labels, attn, generator)
                 n_keep = max(1, keep_idx.shape[1] - int(self.prune_ratio * keep_idx.shape[1]))
                 order = score.argsort(dim=1, descending=True)[:, :n_keep]
                 keep_idx = torch.gather(keep_idx, 1, order).sort(dim=1).values
@@ -192,17 +209,15 @@ class ModelInverter:
         # Patches pruned during inversion were optimised only until they were pruned:
         # blank them (0 is the dataset mean in normalised space) or keep them as they are.
         final = images * pixel_mask if self.pruned_patches == "blank" else images
-        return self._finish(final.detach(), labels, keep_idx)
+        return self._finish(final.detach(), labels, keep_idx, generator)
 
     @torch.no_grad()
-    def _finish(self, images: torch.Tensor, labels: torch.Tensor, keep_idx: torch.Tensor
-                ) -> SyntheticPool:
+    def _finish(self, images: torch.Tensor, labels: torch.Tensor, keep_idx: torch.Tensor,
+                generator: torch.Generator) -> SyntheticPool:
         """Rank the kept patches by attention into H and L; label both."""
-        prefix = self.ensemble.num_prefix
         dense = self.pruned_patches == "keep"
         logits, attn = self.ensemble.teacher_outputs(images, None if dense else keep_idx)
-        weights = self.ensemble.target_weights(labels)
-        score = torch.einsum("kb,kbn->bn", weights, attn[:, :, prefix:].float())
+        score = self._patch_scores(labels, attn, generator)
         if dense:  # the attention of the kept patches, in the order of keep_idx
             score = torch.gather(score, 1, keep_idx)
         n_kept = keep_idx.shape[1]
@@ -247,5 +262,5 @@ def build_inverter(ensemble: TeacherEnsemble, cfg: FedMITRConfig,
         prune_at=inv.prune_at if sparse else (), prune_ratio=inv.prune_ratio,
         keep_ratio=inv.keep_ratio, temperature=cfg.distill.temperature,
         low_label=cfg.distill.low_label, pruned_patches=inv.pruned_patches,
-        precision=cfg.server.precision,
+        precision=cfg.server.precision, token_ranking=inv.token_ranking,
     )

@@ -17,12 +17,13 @@ def _ensemble(k=3):
 
 
 def _inverter(ens, prune_at, iterations=8, keep_ratio=0.5, low_label="low-tokens", lr=0.1,
-              pruned_patches="blank"):
+              pruned_patches="blank", token_ranking="attention"):
     return ModelInverter(
         ensemble=ens, image_shape=(1, 16, 16), patch_size=4, iterations=iterations, lr=lr,
         betas=(0.5, 0.99), loss=InversionLoss(1e-4, 1e-5, "per-teacher"), jitter=1,
         flip=False, prune_at=prune_at, prune_ratio=0.3, keep_ratio=keep_ratio,
-        temperature=3.0, low_label=low_label, pruned_patches=pruned_patches)
+        temperature=3.0, low_label=low_label, pruned_patches=pruned_patches,
+        token_ranking=token_ranking)
 
 
 def test_sparse_inversion_prunes_the_expected_number_of_patches():
@@ -41,6 +42,31 @@ def test_sparse_inversion_prunes_the_expected_number_of_patches():
     assert (pool.images[pixels] != 0).float().mean() > 0.9
     torch.testing.assert_close(pool.soft_labels.sum(dim=1), torch.ones(6))
     torch.testing.assert_close(pool.low_labels.sum(dim=1), torch.ones(6))
+
+
+def _h_outranks_l(ens, pool, labels):
+    """Per image: whether every H patch has more target-weighted attention than every L one."""
+    keep = pool.kept_indices()
+    _, attn = ens.teacher_outputs(pool.images, keep)
+    score = torch.einsum("kb,kbn->bn", ens.target_weights(labels), attn[:, :, ens.num_prefix:])
+    high = torch.gather(pool.high_mask, 1, keep)
+    worst_high = score.masked_fill(~high, float("inf")).min(dim=1).values
+    best_low = score.masked_fill(high, float("-inf")).max(dim=1).values
+    return worst_high > best_low
+
+
+def test_token_ranking_attention_puts_the_attended_patches_in_h_and_random_does_not():
+    ens = _ensemble()
+    labels = torch.arange(8) % 10
+    by_attention = _inverter(ens, (0.25, 0.5)).synthesize(labels, torch.Generator().manual_seed(0))
+    by_chance = _inverter(ens, (0.25, 0.5), token_ranking="random").synthesize(
+        labels, torch.Generator().manual_seed(0))
+    assert _h_outranks_l(ens, by_attention, labels).all()
+    assert not _h_outranks_l(ens, by_chance, labels).all()
+    # Same counts either way; the random ranking prunes other patches.
+    assert (by_chance.inverted_mask.sum(dim=1) == 9).all()
+    assert (by_chance.high_mask.sum(dim=1) == 4).all()
+    assert not torch.equal(by_chance.inverted_mask, by_attention.inverted_mask)
 
 
 def test_sparse_inversion_can_keep_pruned_patches_and_label_them_low():
