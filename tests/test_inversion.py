@@ -44,6 +44,12 @@ def test_sparse_inversion_prunes_the_expected_number_of_patches():
     torch.testing.assert_close(pool.low_labels.sum(dim=1), torch.ones(6))
 
 
+def _default_and_variant(ens, labels, **variant):
+    """Two sparse inversions from the same seed: at the defaults and with ``variant``."""
+    return tuple(_inverter(ens, (0.25, 0.5), **kwargs).synthesize(
+        labels, torch.Generator().manual_seed(0)) for kwargs in ({}, variant))
+
+
 def _h_outranks_l(ens, pool, labels):
     """Per image: whether every H patch has more target-weighted attention than every L one."""
     keep = pool.kept_indices()
@@ -58,9 +64,7 @@ def _h_outranks_l(ens, pool, labels):
 def test_token_ranking_attention_puts_the_attended_patches_in_h_and_random_does_not():
     ens = _ensemble()
     labels = torch.arange(8) % 10
-    by_attention = _inverter(ens, (0.25, 0.5)).synthesize(labels, torch.Generator().manual_seed(0))
-    by_chance = _inverter(ens, (0.25, 0.5), token_ranking="random").synthesize(
-        labels, torch.Generator().manual_seed(0))
+    by_attention, by_chance = _default_and_variant(ens, labels, token_ranking="random")
     assert _h_outranks_l(ens, by_attention, labels).all()
     assert not _h_outranks_l(ens, by_chance, labels).all()
     # Same counts either way; the random ranking prunes other patches.
@@ -72,9 +76,7 @@ def test_token_ranking_attention_puts_the_attended_patches_in_h_and_random_does_
 def test_sparse_inversion_can_keep_pruned_patches_and_label_them_low():
     ens = _ensemble()
     labels = torch.arange(6) % 10
-    blank = _inverter(ens, (0.25, 0.5)).synthesize(labels, torch.Generator().manual_seed(0))
-    kept = _inverter(ens, (0.25, 0.5), pruned_patches="keep").synthesize(
-        labels, torch.Generator().manual_seed(0))
+    blank, kept = _default_and_variant(ens, labels, pruned_patches="keep")
     # Same optimisation, so the same patches were pruned; now they keep their values.
     assert torch.equal(kept.inverted_mask, blank.inverted_mask)
     pixels = kept.inverted_mask.view(6, 1, 4, 4).repeat_interleave(4, 2).repeat_interleave(4, 3)
