@@ -145,17 +145,16 @@ class ModelInverter:
         """Whether patches are pruned during inversion."""
         return bool(self.prune_steps)
 
-    def _patch_scores(self, labels: torch.Tensor, attn: torch.Tensor,
+    def _patch_scores(self, weights: torch.Tensor, attn: torch.Tensor,
                       generator: torch.Generator) -> torch.Tensor:
         """Scores of the patches in ``attn`` (``(B, n)``) for pruning and ranking.
 
-        The teachers' CLS attention weighted by their share of each target class,
-        or random scores for ``token_ranking="random"``.
+        The teachers' CLS attention weighted by ``weights`` (``(K, B)``, their share
+        of each target class), or random scores for ``token_ranking="random"``.
         """
         patch_attn = attn[:, :, self.ensemble.num_prefix:].float()
         if self.token_ranking == "random":
             return torch.rand(patch_attn.shape[1:], generator=generator).to(attn.device)
-        weights = self.ensemble.target_weights(labels)
         return torch.einsum("kb,kbn->bn", weights, patch_attn)
 
     def _jitter(self, images: torch.Tensor, keep_idx: torch.Tensor,
@@ -196,7 +195,7 @@ class ModelInverter:
             images.grad.mul_(pixel_mask)
             opt.step()
             if step in self.prune_steps:
-                score = self._patch_scores(labels, attn, generator)
+                score = self._patch_scores(weights, attn, generator)
                 n_keep = max(1, keep_idx.shape[1] - int(self.prune_ratio * keep_idx.shape[1]))
                 order = score.argsort(dim=1, descending=True)[:, :n_keep]
                 keep_idx = torch.gather(keep_idx, 1, order).sort(dim=1).values
@@ -217,7 +216,7 @@ class ModelInverter:
         """Rank the kept patches by attention into H and L; label both."""
         dense = self.pruned_patches == "keep"
         logits, attn = self.ensemble.teacher_outputs(images, None if dense else keep_idx)
-        score = self._patch_scores(labels, attn, generator)
+        score = self._patch_scores(self.ensemble.target_weights(labels), attn, generator)
         if dense:  # the attention of the kept patches, in the order of keep_idx
             score = torch.gather(score, 1, keep_idx)
         n_kept = keep_idx.shape[1]
