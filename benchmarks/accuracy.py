@@ -9,7 +9,7 @@ The preset holds ``run-config`` (run-config keys, as for ``preset=`` in the app)
 and ``sweep``: ``num-clients``, ``seeds`` and ``splits`` (a list of mappings of
 partition keys, e.g. ``{partitioner: dirichlet, alpha: 0.1}``). Clients are
 trained once per (split, seed) and cached under ``benchmarks/cache/``; the
-server methods are the app's (``fedmitr_core.server_job.run_server_methods``).
+server methods run through the app's pipeline (``fedmitr_core.server.pipeline``).
 Writes ``benchmarks/results/<preset>[-<tag>]/``: ``table.md`` (test top-1,
 mean ± std over seeds), ``val_table.md`` (the validation split, on which
 defaults are chosen), ``results.json`` (every seed), ``runs/`` (each run's
@@ -24,6 +24,7 @@ import json
 import multiprocessing
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
@@ -32,14 +33,12 @@ import numpy as np
 import torch
 import yaml
 
+from benchmarks.upload_cache import cached_uploads
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
-from fedmitr_core.data import DatasetSplits, load_dataset
-from fedmitr_core.ensemble import TeacherSet
-from fedmitr_core.methods.base import fedavg_state
+from fedmitr_core.data.datasets import DatasetSplits, load_dataset
 from fedmitr_core.progress import Emit
-from fedmitr_core.reports import draw_rounds
-from fedmitr_core.server_job import run_server_methods
-from fedmitr_core.upload_cache import cached_teachers
+from fedmitr_core.server.pipeline import run_pipeline
+from fedmitr_core.server.reports import draw_rounds
 
 ROOT = Path(__file__).resolve().parent
 SWEEP_KEYS = {"num-clients", "seeds", "splits"}
@@ -137,8 +136,7 @@ def plot_accuracy(records: list[dict[str, Any]], path: Path) -> None:
 
 
 def run_rounds(run_config: dict[str, Any], cfg: FedMITRConfig, data: DatasetSplits,
-               teachers: TeacherSet, num_clients: int, run_dir: Path, emit: Emit
-               ) -> dict[str, Any]:
+               uploads: Path, num_clients: int, run_dir: Path, emit: Emit) -> dict[str, Any]:
     """``fedavg-rounds`` on the cached uploads: Flower's FedAvg with the real ClientApp.
 
     Round 1 is the cached one-shot round (its FedAvg model); rounds 2..R train
@@ -149,7 +147,7 @@ def run_rounds(run_config: dict[str, Any], cfg: FedMITRConfig, data: DatasetSpli
     from server_app.in_process_grid import InProcessGrid
 
     grid = InProcessGrid(run_config, num_clients)
-    return add_fedavg_rounds(grid, cfg, data, run_dir, emit, fedavg_state(teachers))
+    return add_fedavg_rounds(grid, cfg, data, run_dir, emit, uploads)
 
 
 def plot_rounds_by_split(records: list[dict[str, Any]], path: Path) -> None:
@@ -222,75 +220,41 @@ def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_c
     name = f"{split_name(split)}-seed{seed}"
     data = load_dataset(cfg.data, cfg.seed)
     start = time.perf_counter()
-    teachers, cached = cached_teachers(cfg, num_clients, data, cache_dir)
+    source, cached = cached_uploads(cfg, num_clients, data, cache_dir)
     client_s = time.perf_counter() - start
-    print(f"[{name}] {len(teachers)} teachers "
+    print(f"[{name}] uploads in {source} "
           f"({'cached' if cached else f'trained in {client_s:.0f} s'})", flush=True)
     emit = lambda line: print(f"[{name}] {line}", flush=True)  # noqa: E731
-    outcome = run_server_methods(teachers, cfg, data, out / "runs" / name, emit=emit)
+    outcome = run_pipeline(cfg, data, out / "runs" / name, emit=emit, source=source)
     if "fedavg-rounds" in cfg.server.methods:
         outcome.results["fedavg-rounds"] = run_rounds(
-            pair_config, cfg, data, teachers, num_clients, out / "runs" / name, emit)
+            pair_config, cfg, data, source / "uploads", num_clients, out / "runs" / name, emit)
     return {"split": split_name(split), "seed": seed, "cached": cached,
             "client-seconds": 0.0 if cached else client_s, "results": outcome.results}
 
 
-def run_benchmark(preset: Path, seeds: list[int] | None = None,
-                  splits: list[str] | None = None, overrides: dict[str, Any] | None = None,
-                  tag: str = "", results_root: Path = ROOT / "results",
-                  cache_dir: Path = ROOT / "cache", append: bool = False,
-                  workers: int = 1) -> list[dict[str, Any]]:
-    """Run the sweep of ``preset``; return one record per (split, seed).
-
-    With ``append`` the records already in the results folder are kept (those of
-    the (split, seed) pairs run again are replaced) and the tables cover them all.
-    With ``workers > 1`` the (split, seed) pairs run in that many processes, the
-    CPU cores shared out between them as torch threads. Each pair seeds its own
-    generators, so its result does not depend on which pairs ran before it.
-    """
-    run_config, sweep = load_sweep(preset)
-    run_config.update(overrides or {})
-    out = results_root / (preset.stem + (f"-{tag}" if tag else ""))
-    (out / "runs").mkdir(parents=True, exist_ok=True)
-    chosen = [s for s in sweep["splits"] if not splits or split_name(s) in splits]
-    earlier = previous_records(out, run_config) if append else []
-    order = [split_name(s) for s in sweep["splits"]]
-    records: list[dict[str, Any]] = []
-
-    def all_records() -> list[dict[str, Any]]:
-        done = {(r["split"], r["seed"]) for r in records}
-        kept = [r for r in earlier if (r["split"], r["seed"]) not in done]
-        return sorted(kept + records, key=lambda r: (
-            order.index(r["split"]) if r["split"] in order else len(order), r["seed"]))
-
-    num_clients = int(sweep["num-clients"])
-    pairs = [(split, int(seed)) for split in chosen
-             for seed in (seeds if seeds is not None else sweep["seeds"])]
-
-    settings = resolved_settings(run_config)
-
-    def keep(record: dict[str, Any]) -> None:
-        records.append(record)
-        (out / "results.json").write_text(json.dumps(
-            {"preset": str(preset), "run-config": run_config,
-             "resolved-config": settings, "sweep": sweep,
-             "records": all_records()}, indent=1, default=float), encoding="utf-8")
-
+def _run_pairs(pairs: list[tuple[dict[str, Any], int]], run_config: dict[str, Any],
+               num_clients: int, out: Path, cache_dir: Path, workers: int,
+               keep: Callable[[dict[str, Any]], None]) -> None:
+    """Run every (split, seed) pair, in this process or in ``workers`` processes."""
     if workers <= 1:
         for split, seed in pairs:
             keep(run_pair(run_config, split, seed, num_clients, out, cache_dir))
-    else:
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        print(f"{len(pairs)} (split, seed) pairs on {workers} worker processes, "
-              f"{threads} torch thread(s) each", flush=True)
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads,
-                                 initargs=(threads,)) as pool:
-            futures = [pool.submit(run_pair, run_config, split, seed, num_clients, out,
-                                   cache_dir) for split, seed in pairs]
-            for future in as_completed(futures):
-                keep(future.result())
-    records = all_records()
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    print(f"{len(pairs)} (split, seed) pairs on {workers} worker processes, "
+          f"{threads} torch thread(s) each", flush=True)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads,
+                             initargs=(threads,)) as pool:
+        futures = [pool.submit(run_pair, run_config, split, seed, num_clients, out, cache_dir)
+                   for split, seed in pairs]
+        for future in as_completed(futures):
+            keep(future.result())
+
+
+def write_tables(records: list[dict[str, Any]], out: Path) -> None:
+    """``table.md``, ``val_table.md``, ``accuracy.png`` (and ``rounds.png``); print the tables."""
     (out / "table.md").write_text(summary_table(records) + "\n", encoding="utf-8")
     (out / "val_table.md").write_text(summary_table(records, "val-accuracy") + "\n",
                                       encoding="utf-8")
@@ -300,6 +264,50 @@ def run_benchmark(preset: Path, seeds: list[int] | None = None,
     print(f"test top-1 (%), mean ± std over seeds; written to {out}\n"
           + summary_table(records))
     print("validation top-1 (%)\n" + summary_table(records, "val-accuracy"))
+
+
+def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
+                  splits: list[str] | None = None, overrides: dict[str, Any] | None = None,
+                  tag: str = "", results_root: Path = ROOT / "results",
+                  cache_dir: Path = ROOT / "cache", append: bool = False,
+                  workers: int = 1) -> list[dict[str, Any]]:
+    """Run the sweep of ``preset``; return one record per (split, seed).
+
+    The keyword options are the command line's flags, one each. With ``append``
+    the records already in the results folder are kept (those of the (split,
+    seed) pairs run again are replaced) and the tables cover them all. With
+    ``workers > 1`` the (split, seed) pairs run in that many processes, the CPU
+    cores shared out between them as torch threads. Each pair seeds its own
+    generators, so its result does not depend on which pairs ran before it.
+    """
+    run_config, sweep = load_sweep(preset)
+    run_config.update(overrides or {})
+    out = results_root / (preset.stem + (f"-{tag}" if tag else ""))
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    chosen = [s for s in sweep["splits"] if not splits or split_name(s) in splits]
+    earlier = previous_records(out, run_config) if append else []
+    order = [split_name(s) for s in sweep["splits"]]
+    settings = resolved_settings(run_config)
+    records: list[dict[str, Any]] = []
+
+    def all_records() -> list[dict[str, Any]]:
+        done = {(r["split"], r["seed"]) for r in records}
+        kept = [r for r in earlier if (r["split"], r["seed"]) not in done]
+        return sorted(kept + records, key=lambda r: (
+            order.index(r["split"]) if r["split"] in order else len(order), r["seed"]))
+
+    def keep(record: dict[str, Any]) -> None:
+        records.append(record)
+        (out / "results.json").write_text(json.dumps(
+            {"preset": str(preset), "run-config": run_config,
+             "resolved-config": settings, "sweep": sweep,
+             "records": all_records()}, indent=1, default=float), encoding="utf-8")
+
+    pairs = [(split, int(seed)) for split in chosen
+             for seed in (seeds if seeds is not None else sweep["seeds"])]
+    _run_pairs(pairs, run_config, int(sweep["num-clients"]), out, cache_dir, workers, keep)
+    records = all_records()
+    write_tables(records, out)
     return records
 
 
@@ -312,6 +320,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a run-config key (repeatable)")
     parser.add_argument("--tag", default="", help="suffix of the results folder")
+    parser.add_argument("--results-root", type=Path, default=ROOT / "results",
+                        help="where the results folder goes (tuning runs: "
+                             "benchmarks/results/tuning)")
     parser.add_argument("--append", action="store_true",
                         help="keep the records already in the results folder (same run "
                              "config but for 'methods'); re-run (split, seed) pairs replace "
@@ -325,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
         splits=args.splits.split(",") if args.splits else None,
         overrides=parse_overrides(args.set, "--set"), tag=args.tag, append=args.append,
-        workers=args.workers,
+        workers=args.workers, results_root=args.results_root,
     )
 
 

@@ -46,11 +46,12 @@ def _step_case(k: int, form: str, per_class: int, sparse: bool, iterations: int
     import torch
 
     from fedmitr_core.config import parse_config
-    from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet, select_teachers
-    from fedmitr_core.inversion import build_inverter
-    from fedmitr_core.models import build_vit
-    from fedmitr_core.server_job import peak_rss_mb
-    from fedmitr_core.training import resolve_device
+    from fedmitr_core.data.datasets import DataSpec
+    from fedmitr_core.models.vit import build_vit
+    from fedmitr_core.runtime import resolve_device
+    from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet, select_teachers
+    from fedmitr_core.server.pipeline import peak_rss_mb
+    from fedmitr_core.synthesis.inversion import ModelInverter
 
     torch.manual_seed(0)
     cfg = parse_config({"inv-iterations": iterations})
@@ -62,18 +63,20 @@ def _step_case(k: int, form: str, per_class: int, sparse: bool, iterations: int
               for _ in range(k)]
     teachers = select_teachers(TeacherSet(models, counts), per_class)
     ensemble = TeacherEnsemble(teachers, "class", form, device)
-    shape = (1, cfg.data.image_size, cfg.data.image_size)
+    spec = DataSpec(10, cfg.data.image_size, 1, (0.0,), (1.0,), tuple(map(str, range(10))))
     labels = torch.arange(cfg.inversion.syn_batch_size) % 10
-    gen = torch.Generator().manual_seed(0)
-    warm = build_inverter(ensemble, parse_config({"inv-iterations": 1}), shape,
-                          hflip_ok=False, sparse=False)
-    warm.synthesize(labels, gen)
+    rng = torch.Generator().manual_seed(0)
+
+    def inverter(c: Any, sparse: bool) -> ModelInverter:
+        return ModelInverter(ensemble, c.inversion, spec, c.model.patch_size, sparse=sparse,
+                             label_temperature=c.distill.temperature)
+
+    inverter(parse_config({"inv-iterations": 1}), sparse=False).synthesize(labels, rng)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    inverter = build_inverter(ensemble, cfg, shape, hflip_ok=False, sparse=sparse)
     start = time.perf_counter()
-    inverter.synthesize(labels, gen)
+    inverter(cfg, sparse).synthesize(labels, rng)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
@@ -154,51 +157,34 @@ def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ks", default="10,50,100,300,500")
-    parser.add_argument("--steps", type=int, default=2, help="timed inversion steps per case")
-    parser.add_argument("--e2e", default="100,300", help="clients for flwr run ('' for none)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/scale")
-    parser.add_argument("--case", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.case:  # a worker: one measurement, JSON on the last line
-        print(json.dumps(_step_case(**json.loads(args.case))))
-        return
-
-    ks = [int(k) for k in args.ks.split(",") if k]
+def step_cases(ks: list[int], steps_per_case: int) -> list[dict[str, Any]]:
+    """Per K: the loop and vmap forms, then the faster one with ``teachers-per-class``."""
     steps: list[dict[str, Any]] = []
     for k in ks:
         for form in ("loop", "vmap"):
             steps.append(_in_subprocess(k=k, form=form, per_class=0, sparse=False,
-                                        iterations=args.steps))
+                                        iterations=steps_per_case))
             print(json.dumps(steps[-1]), flush=True)
         timed = [s for s in steps[-2:] if "error" not in s]
         fastest = min(timed, key=lambda s: s["seconds-per-step"])["form"] if timed else "loop"
         steps.append(_in_subprocess(k=k, form=fastest, per_class=PER_CLASS, sparse=False,
-                                    iterations=args.steps))
+                                    iterations=steps_per_case))
         print(json.dumps(steps[-1]), flush=True)
     for row in steps:
         same_k = [s for s in steps if s["k"] == row["k"] and s.get("form") == "loop"
                   and s["teachers-per-class"] == 0 and "error" not in s]
         if same_k and "error" not in row:
             row["vs-loop"] = same_k[0]["seconds-per-step"] / row["seconds-per-step"]
+    return steps
 
-    sparse_dense = [_in_subprocess(k=10, form="loop", per_class=0, sparse=sparse,
-                                   iterations=40) for sparse in (False, True)]
-    if all("error" not in s for s in sparse_dense):
-        sparse_dense[1]["speed-up"] = sparse_dense[0]["seconds"] / sparse_dense[1]["seconds"]
-    print(json.dumps(sparse_dense), flush=True)
 
-    e2e = [end_to_end(int(k), args.out) for k in args.e2e.split(",") if k]
-    for r in e2e:
-        print(json.dumps(r), flush=True)
-
-    args.out.mkdir(parents=True, exist_ok=True)
+def write_report(out: Path, steps: list[dict[str, Any]], sparse_dense: list[dict[str, Any]],
+                 e2e: list[dict[str, Any]]) -> str:
+    """``scale.json`` and ``scale.md`` under ``out``; the markdown."""
+    out.mkdir(parents=True, exist_ok=True)
     result = {"steps": steps, "sparse-vs-dense": sparse_dense, "e2e": e2e,
               "argv": sys.argv[1:], "cpus": os.cpu_count()}
-    (args.out / "scale.json").write_text(json.dumps(result, indent=1))
+    (out / "scale.json").write_text(json.dumps(result, indent=1))
     md = ["# Scale benchmark", "",
           f"`python -m benchmarks.scale {' '.join(sys.argv[1:])}` on {os.cpu_count()} CPUs "
           f"(device {steps[0].get('device', '?') if steps else '?'}).", "",
@@ -217,8 +203,32 @@ def main(argv: list[str] | None = None) -> None:
                        ("accepted", "accepted"), ("rejected", "rejected"),
                        ("failed", "failed"), ("ensemble teachers", "ensemble-teachers"),
                        ("server peak RSS MB", "server-peak-rss-mb"), ("exit", "exit-code")])]
-    (args.out / "scale.md").write_text("\n".join(md))
-    print("\n".join(md))
+    (out / "scale.md").write_text("\n".join(md))
+    return "\n".join(md)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ks", default="10,50,100,300,500")
+    parser.add_argument("--steps", type=int, default=2, help="timed inversion steps per case")
+    parser.add_argument("--e2e", default="100,300", help="clients for flwr run ('' for none)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/scale")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.case:  # a worker: one measurement, JSON on the last line
+        print(json.dumps(_step_case(**json.loads(args.case))))
+        return
+    steps = step_cases([int(k) for k in args.ks.split(",") if k], args.steps)
+    sparse_dense = [_in_subprocess(k=10, form="loop", per_class=0, sparse=sparse,
+                                   iterations=40) for sparse in (False, True)]
+    if all("error" not in s for s in sparse_dense):
+        sparse_dense[1]["speed-up"] = sparse_dense[0]["seconds"] / sparse_dense[1]["seconds"]
+    print(json.dumps(sparse_dense), flush=True)
+    e2e = [end_to_end(int(k), args.out) for k in args.e2e.split(",") if k]
+    for r in e2e:
+        print(json.dumps(r), flush=True)
+    print(write_report(args.out, steps, sparse_dense, e2e))
 
 
 if __name__ == "__main__":

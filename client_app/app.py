@@ -14,11 +14,11 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedmitr_core.client_job import client_partition, client_seed, train_client
+from fedmitr_core.client.training import client_partition, client_seed, train_client
 from fedmitr_core.config import DataConfig, FedMITRConfig, parse_config
-from fedmitr_core.data import DatasetSplits, Split, load_dataset
-from fedmitr_core.local_data import DataSpec, load_local_data
-from fedmitr_core.partition import partition_indices
+from fedmitr_core.data.datasets import DatasetSplits, DataSpec, Split, load_dataset
+from fedmitr_core.data.local import load_local_data
+from fedmitr_core.data.partition import partition_indices
 
 app = ClientApp()
 
@@ -75,15 +75,14 @@ def train(msg: Message, context: Context) -> Message:
     else:
         partition_id, num_partitions = _node_partition(context)
         splits = _dataset(cfg.data, cfg.seed)
-        spec = DataSpec.of(splits)
+        spec = splits.spec
         data = client_partition(cfg, splits, partition_id, num_partitions,
                                 _partitions(cfg, num_partitions))
         client = partition_id
         ids = {"partition-id": partition_id, "num-partitions": num_partitions}
     seed = client_seed(cfg.seed, client, _round_number(msg))
     initial = msg.content.array_records[next(iter(msg.content.array_records))]
-    update = train_client(cfg, data, spec.num_classes, initial.to_torch_state_dict(),
-                          seed=seed, image_size=spec.image_size, in_chans=spec.in_chans)
+    update = train_client(cfg, data, spec, initial.to_torch_state_dict(), seed=seed)
     acc = update.metrics["local-train-accuracy"]
     metrics = MetricRecord({
         "num-examples": update.num_examples,

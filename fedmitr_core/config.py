@@ -35,6 +35,12 @@ LowLabel = Literal["low-tokens", "full-image"]
 StudentInit = Literal["fedavg", "scratch"]
 StudentTokens = Literal["kept", "kept-live", "all"]
 TokenHeadInit = Literal["random", "cls-head"]
+# Kept equal to fedmitr_core.models.MODEL_PRESETS and fedmitr_core.methods.METHODS by tests.
+ModelName = Literal["vit-micro", "vit-tiny", "vit-small"]
+OneShotMethod = Literal["fedmitr", "deepinversion", "fedmitr-sparse", "fedmitr-relabel",
+                        "fedavg", "kd-real", "dense", "coboosting", "fedftg"]
+RoundMethod = Literal["fedavg-rounds"]  # needs more rounds with the clients
+MethodName = Literal[OneShotMethod, RoundMethod]
 
 SIM_CONFIGS_DIR = Path(__file__).resolve().parents[1] / "sim_configs"
 
@@ -93,15 +99,11 @@ class PartitionConfig:
 class ModelConfig:
     """Which ViT every client and the student use."""
 
-    model: str = "vit-micro"
+    model: ModelName = "vit-micro"
     patch_size: int = 4
     pretrained: str = ""
 
     def __post_init__(self) -> None:
-        from fedmitr_core.models import MODEL_PRESETS
-
-        _check(self.model in MODEL_PRESETS, "model", f"one of {sorted(MODEL_PRESETS)}",
-               self.model)
         _check(self.patch_size >= 1, "patch-size", "an integer >= 1", self.patch_size)
 
 
@@ -113,6 +115,7 @@ class ClientConfig:
     local_batch_size: int = 16
     local_lr: float = 0.002
     local_weight_decay: float = 0.05
+    local_shift: int = 1
 
     def __post_init__(self) -> None:
         _check(self.local_epochs >= 1, "local-epochs", "an integer >= 1", self.local_epochs)
@@ -121,6 +124,8 @@ class ClientConfig:
         _check(self.local_lr > 0, "local-lr", "a float > 0", self.local_lr)
         _check(self.local_weight_decay >= 0, "local-weight-decay", "a float >= 0",
                self.local_weight_decay)
+        _check(self.local_shift >= 0, "local-shift", "an integer >= 0 (pixels)",
+               self.local_shift)
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,7 @@ class InversionConfig:
     keep_ratio: float = 0.5
     pruned_patches: PrunedPatches = "blank"
     token_ranking: TokenRanking = "attention"
+    low_label: LowLabel = "low-tokens"
 
     def __post_init__(self) -> None:
         _check(self.syn_images >= 1, "syn-images", "an integer >= 1", self.syn_images)
@@ -170,11 +176,11 @@ class DistillConfig:
     distill_epochs: int = 50
     distill_batch_size: int = 64
     distill_lr: float = 0.001
+    distill_weight_decay: float = 0.05
     temperature: float = 3.0
     kd_weight: float = 1.0
     hi_weight: float = 0.1
     lo_weight: float = 0.1
-    low_label: LowLabel = "low-tokens"
     hi_agreed_only: bool = False
     student_init: StudentInit = "fedavg"
     student_tokens: StudentTokens = "kept-live"
@@ -190,6 +196,8 @@ class DistillConfig:
         _check(self.distill_batch_size >= 1, "distill-batch-size", "an integer >= 1",
                self.distill_batch_size)
         _check(self.distill_lr > 0, "distill-lr", "a float > 0", self.distill_lr)
+        _check(self.distill_weight_decay >= 0, "distill-weight-decay", "a float >= 0",
+               self.distill_weight_decay)
         _check(self.temperature > 0, "temperature", "a float > 0", self.temperature)
         for key in ("kd_weight", "hi_weight", "lo_weight"):
             value = getattr(self, key)
@@ -243,15 +251,21 @@ class BaselineConfig:
 
 
 @dataclass(frozen=True)
-class ServerConfig:
-    """What the server runs, where, and where it writes."""
+class RuntimeConfig:
+    """Where clients and server compute, and in which precision."""
 
-    methods: tuple[str, ...] = ("fedmitr", "deepinversion")
+    device: DeviceName = "auto"
+    precision: Precision = "auto"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """What the server runs and where it writes."""
+
+    methods: tuple[MethodName, ...] = ("fedmitr", "deepinversion")
     weighting: Weighting = "class"
     ensemble_form: EnsembleForm = "auto"
     teachers_per_class: int = 0
-    device: DeviceName = "auto"
-    precision: Precision = "auto"
     min_clients: int = 0
     round_timeout: float = 3600.0
     num_rounds: int = 10
@@ -261,13 +275,8 @@ class ServerConfig:
     resume_from: str = ""
 
     def __post_init__(self) -> None:
-        from fedmitr_core.methods import METHODS, ROUND_METHODS
-
         _check(len(self.methods) >= 1, "methods", "at least one method name", self.methods)
-        known = sorted(METHODS) + sorted(ROUND_METHODS)
-        for name in self.methods:
-            _check(name in known, "methods", f"names from {known}", name)
-        _check(self.methods[0] in METHODS, "methods",
+        _check(self.methods[0] in get_args(OneShotMethod), "methods",
                "a one-shot method first (it is the saved global model)", self.methods[0])
         _check(self.num_rounds >= 2, "num-rounds", "an integer >= 2 (rounds of fedavg-rounds)",
                self.num_rounds)
@@ -301,6 +310,7 @@ class FedMITRConfig:
     inversion: InversionConfig = field(default_factory=InversionConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
 
     def __post_init__(self) -> None:
@@ -317,15 +327,12 @@ class FedMITRConfig:
         return flat
 
 
-_SECTIONS = (DataConfig, PartitionConfig, ModelConfig, ClientConfig, InversionConfig,
-             DistillConfig, BaselineConfig, ServerConfig)
-
-
 _SECTION_ATTRS: dict[type, str] = {
     DataConfig: "data", PartitionConfig: "partition", ModelConfig: "model",
     ClientConfig: "client", InversionConfig: "inversion", DistillConfig: "distill",
-    BaselineConfig: "baseline", ServerConfig: "server",
+    BaselineConfig: "baseline", RuntimeConfig: "runtime", ServerConfig: "server",
 }
+_SECTIONS = tuple(_SECTION_ATTRS)
 
 
 def _section_attr(section: type) -> str:
@@ -465,6 +472,8 @@ def parse_config(run_config: Mapping[str, Any], presets_dir: Path = SIM_CONFIGS_
 __all__ = [
     "ConfigError",
     "FedMITRConfig",
+    "MethodName",
+    "ModelName",
     "default_flat_config",
     "load_preset",
     "parse_config",

@@ -21,19 +21,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedmitr_core.client_job import client_partition
+from fedmitr_core.client.training import client_partition
 from fedmitr_core.config import FedMITRConfig, parse_config, parse_overrides
-from fedmitr_core.data import DatasetSplits, Split, load_dataset
-from fedmitr_core.local_data import NPZ_IMAGES, NPZ_LABELS
-from fedmitr_core.partition import label_counts
+from fedmitr_core.data.datasets import DataSpec, Split, load_dataset
+from fedmitr_core.data.local import NPZ_IMAGES, NPZ_LABELS
+from fedmitr_core.data.partition import label_counts
 
 FORMATS = ("npz", "imagefolder")
 
 
-def raw_pixels(split: Split, splits: DatasetSplits) -> np.ndarray:
+def raw_pixels(split: Split, spec: DataSpec) -> np.ndarray:
     """Undo the normalisation: images ``(n, h, w, c)`` float32 in ``[0, 1]``."""
-    mean = torch.tensor(splits.mean).view(1, -1, 1, 1)
-    std = torch.tensor(splits.std).view(1, -1, 1, 1)
+    mean = torch.tensor(spec.mean).view(1, -1, 1, 1)
+    std = torch.tensor(spec.std).view(1, -1, 1, 1)
     pixels = (split.images * std + mean).clamp(0, 1)
     return pixels.permute(0, 2, 3, 1).numpy().astype(np.float32)
 
@@ -62,17 +62,17 @@ def export_partitions(cfg: FedMITRConfig, num_partitions: int, out: Path,
     paths, summary = [], {}
     for pid in range(num_partitions):
         part = client_partition(cfg, splits, pid, num_partitions)
-        pixels, labels = raw_pixels(part, splits), part.labels.numpy().astype(np.int64)
+        pixels, labels = raw_pixels(part, splits.spec), part.labels.numpy().astype(np.int64)
         if fmt == "npz":
             path = out / f"site-{pid}.npz"
             np.savez_compressed(path, **{NPZ_IMAGES: pixels, NPZ_LABELS: labels})
         else:
             path = out / f"site-{pid}"
-            _write_image_tree(path, pixels, labels, splits.class_names)
+            _write_image_tree(path, pixels, labels, splits.spec.class_names)
         paths.append(path)
-        summary[path.name] = label_counts(labels, splits.num_classes).tolist()
+        summary[path.name] = label_counts(labels, splits.spec.num_classes).tolist()
     (out / "label_counts.json").write_text(json.dumps(
-        {"class-names": list(splits.class_names), "sites": summary}, indent=1),
+        {"class-names": list(splits.spec.class_names), "sites": summary}, indent=1),
         encoding="utf-8")
     return paths
 

@@ -26,21 +26,14 @@ import yaml
 from safetensors.numpy import load_file
 
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
-from fedmitr_core.data import DatasetSplits, load_dataset
-from fedmitr_core.models import vit_factory
-from fedmitr_core.server_job import ServerOutcome, run_server_methods
-from fedmitr_core.uploads import (
-    Upload,
-    expected_spec,
-    load_teacher_set,
-    persist_upload,
-    validate_upload,
-)
-
-UPLOAD_REPORT = "upload_report.json"
+from fedmitr_core.data.datasets import DatasetSplits, load_dataset
+from fedmitr_core.models.vit import vit_factory
+from fedmitr_core.progress import Emit
+from fedmitr_core.server.pipeline import ServerOutcome, run_pipeline
+from fedmitr_core.server.uploads import UploadIntake, expected_spec, read_upload_report
 
 
-def resume_run(run_dir: Path, emit=print) -> ServerOutcome:  # noqa: ANN001
+def resume_run(run_dir: Path, emit: Emit = print) -> ServerOutcome:
     """Finish the run in ``run_dir`` from its persisted uploads and server state."""
     config_file = run_dir / "config.yaml"
     if not config_file.is_file():
@@ -48,64 +41,56 @@ def resume_run(run_dir: Path, emit=print) -> ServerOutcome:  # noqa: ANN001
     flat = yaml.safe_load(config_file.read_text(encoding="utf-8"))
     flat["resume-from"] = str(run_dir)
     cfg = parse_config(flat)
-    splits = load_dataset(cfg.data, cfg.seed)
-    teachers = load_teacher_set(run_dir / "uploads", vit_factory(cfg, splits))
-    report_file = run_dir / UPLOAD_REPORT
-    report = json.loads(report_file.read_text()) if report_file.is_file() else {}
-    emit(f"resuming {run_dir}: {len(teachers)} persisted uploads, no client contacted")
-    return run_server_methods(teachers, cfg, splits, run_dir, emit=emit,
-                              upload_report=report, resume=True)
+    data = load_dataset(cfg.data, cfg.seed)
+    accepted = read_upload_report(run_dir).get("accepted")
+    count = len(list((run_dir / "uploads").glob("*.json"))) if accepted is None else len(accepted)
+    emit(f"resuming {run_dir}: {count} persisted uploads, no client contacted")
+    return run_pipeline(cfg, data, run_dir, emit=emit, resume=True)
 
 
-def import_teachers(folder: Path, cfg: FedMITRConfig, splits: DatasetSplits, run_dir: Path
+def _read_published(weights: Path) -> tuple[dict[str, np.ndarray], dict[str, Any], list[str]]:
+    """Arrays, metrics and problems of one published checkpoint and its ``.json``."""
+    meta_file = weights.with_suffix(".json")
+    try:
+        arrays = dict(load_file(str(weights)))
+    except Exception as err:  # noqa: BLE001 - any unreadable file is rejected, not fatal
+        return {}, {}, [f"not a readable safetensors file: {err}"]
+    if not meta_file.is_file():
+        return arrays, {}, [f"no {meta_file.name} with 'label-counts'"]
+    counts = json.loads(meta_file.read_text(encoding="utf-8")).get("label-counts")
+    metrics = {"label-counts": counts,
+               "num-examples": int(np.sum(counts)) if isinstance(counts, list) else None}
+    return arrays, metrics, []
+
+
+def import_teachers(folder: Path, cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path
                     ) -> dict[str, Any]:
     """Validate published checkpoints and persist the good ones as the run's uploads."""
-    spec = expected_spec(vit_factory(cfg, splits)())
-    accepted: list[dict[str, Any]] = []
-    rejected: list[dict[str, Any]] = []
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"--teachers '{folder}': no *.safetensors files")
+    intake = UploadIntake(run_dir, expected_spec(vit_factory(cfg.model, data.spec)()),
+                          data.spec.num_classes)
     for weights in files:
-        meta_file = weights.with_suffix(".json")
-        problems: list[str] = []
-        try:
-            arrays = dict(load_file(str(weights)))
-        except Exception as err:  # noqa: BLE001 - any unreadable file is rejected, not fatal
-            arrays, problems = {}, [f"not a readable safetensors file: {err}"]
-        meta: dict[str, Any] = {}
-        if meta_file.is_file():
-            meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        else:
-            problems.append(f"no {meta_file.name} with 'label-counts'")
-        counts = meta.get("label-counts")
-        metrics = {"label-counts": counts,
-                   "num-examples": int(np.sum(counts)) if isinstance(counts, list) else None}
-        if not problems:
-            problems = validate_upload(arrays, metrics, spec, splits.num_classes)
+        arrays, metrics, problems = _read_published(weights)
         if problems:
-            rejected.append({"client-id": weights.stem, "reasons": problems})
-            continue
-        persist_upload(run_dir / "uploads", Upload(
-            client_id=weights.stem, arrays=arrays, num_examples=int(metrics["num-examples"]),
-            label_counts=np.asarray(counts, dtype=np.int64), metrics={}))
-        accepted.append({"client-id": weights.stem, "num-examples": metrics["num-examples"]})
-    report = {"accepted": accepted, "rejected": rejected, "failed": [], "source": str(folder)}
-    (run_dir / UPLOAD_REPORT).write_text(json.dumps(report, indent=1), encoding="utf-8")
-    if not accepted:
-        raise ConfigError(f"--teachers '{folder}': no valid checkpoint ({rejected})")
+            intake.reject(weights.stem, problems)
+        else:
+            intake.take(weights.stem, arrays, metrics)
+    report = intake.write_report(**{"source": str(folder)})
+    if not intake.accepted:
+        raise ConfigError(f"--teachers '{folder}': no valid checkpoint ({intake.rejected})")
     return report
 
 
-def distil_published(folder: Path, run_dir: Path, run_config: dict[str, Any], emit=print
-                     ) -> ServerOutcome:  # noqa: ANN001
+def distil_published(folder: Path, run_dir: Path, run_config: dict[str, Any],
+                     emit: Emit = print) -> ServerOutcome:
     """Run the server methods on checkpoints that clients published in ``folder``."""
     cfg = parse_config(run_config)
-    splits = load_dataset(cfg.data, cfg.seed)
+    data = load_dataset(cfg.data, cfg.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    report = import_teachers(folder, cfg, splits, run_dir)
-    teachers = load_teacher_set(run_dir / "uploads", vit_factory(cfg, splits))
-    return run_server_methods(teachers, cfg, splits, run_dir, emit=emit, upload_report=report)
+    import_teachers(folder, cfg, data, run_dir)
+    return run_pipeline(cfg, data, run_dir, emit=emit)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,12 +9,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedmitr_core.client_job import initial_model
+from fedmitr_core.client.training import initial_model
 from fedmitr_core.config import parse_config
-from fedmitr_core.data import load_dataset
-from fedmitr_core.local_data import DataSpec
+from fedmitr_core.data.datasets import load_dataset
 from fedmitr_core.offline import resume_run
-from fedmitr_core.server_job import resolve_run_dir
+from fedmitr_core.server.pipeline import resolve_run_dir
 from server_app.fedavg_rounds import add_fedavg_rounds
 from server_app.strategy import OneShotStrategy, emit_log
 
@@ -34,11 +33,12 @@ def main(grid: Grid, context: Context) -> None:
         return
     run_dir = resolve_run_dir(cfg, APP_DIR)
     log(INFO, "FedMITR: methods %s, outputs in %s", ",".join(cfg.server.methods), run_dir)
-    splits = load_dataset(cfg.data, cfg.seed)
-    strategy = OneShotStrategy(cfg, splits, run_dir)
+    data = load_dataset(cfg.data, cfg.seed)
+    strategy = OneShotStrategy(cfg, data, run_dir)
     # Deployed clients read their own files and prepare them as this spec says.
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(initial_model(cfg, splits).state_dict()),
-                   num_rounds=1, timeout=cfg.server.round_timeout,
-                   train_config=ConfigRecord(DataSpec.of(splits).to_record()))
+    initial = ArrayRecord(initial_model(cfg, data.spec).state_dict())
+    spec = ConfigRecord(data.spec.to_record())
+    strategy.start(grid=grid, initial_arrays=initial, num_rounds=1,
+                   timeout=cfg.server.round_timeout, train_config=spec)
     if "fedavg-rounds" in cfg.server.methods:
-        add_fedavg_rounds(grid, cfg, splits, run_dir, emit_log)
+        add_fedavg_rounds(grid, cfg, data, run_dir, emit_log)

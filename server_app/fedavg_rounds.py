@@ -23,17 +23,17 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from fedmitr_core.config import FedMITRConfig
-from fedmitr_core.data import DatasetSplits
-from fedmitr_core.local_data import DataSpec
+from fedmitr_core.data.datasets import DatasetSplits
 from fedmitr_core.methods import METHODS
 from fedmitr_core.methods.base import fedavg_state
-from fedmitr_core.models import vit_factory
-from fedmitr_core.reports import append_report, plot_rounds, results_table, write_metrics
-from fedmitr_core.training import accuracy, resolve_device
-from fedmitr_core.uploads import load_teacher_set
+from fedmitr_core.models.evaluate import accuracy
+from fedmitr_core.models.vit import vit_factory
+from fedmitr_core.runtime import resolve_device
+from fedmitr_core.server.reports import append_report, plot_rounds, results_table, write_metrics
+from fedmitr_core.server.uploads import load_teacher_set
 
 
-def run_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, splits: DatasetSplits,
+def run_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, data: DatasetSplits,
                       round1_state: dict[str, torch.Tensor], emit: Callable[[str], None]
                       ) -> dict[str, Any]:
     """Rounds 2..``num-rounds`` of Flower's FedAvg from the one-shot FedAvg model.
@@ -42,14 +42,14 @@ def run_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, splits: DatasetSplits,
     rounds 2..R (client training included) and ``rounds``, the accuracy after
     each round (round 1 is the one-shot ``fedavg`` model).
     """
-    new_model = vit_factory(cfg, splits)
-    device = resolve_device(cfg.server.device)
+    new_model = vit_factory(cfg.model, data.spec)
+    device = resolve_device(cfg.runtime.device)
     rounds: list[dict[str, float]] = []
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model = new_model()
         model.load_state_dict(arrays.to_torch_state_dict())
-        test, val = accuracy(model, splits.test, device), accuracy(model, splits.val, device)
+        test, val = accuracy(model, data.test, device), accuracy(model, data.val, device)
         done = server_round + 1  # Flower's round 0 is the model it starts from: round 1's
         rounds.append({"round": done, "accuracy": test, "val-accuracy": val})
         emit(f"fedavg-rounds: after round {done}/{cfg.server.num_rounds}: test accuracy "
@@ -61,7 +61,7 @@ def run_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, splits: DatasetSplits,
                       min_available_nodes=nodes)
     # Clients seed each round's training from the round number; 'round-offset'
     # continues the count after the one-shot round.
-    train_config = ConfigRecord({**DataSpec.of(splits).to_record(), "round-offset": 1})
+    train_config = ConfigRecord({**data.spec.to_record(), "round-offset": 1})
     start = time.perf_counter()
     strategy.start(grid=grid, initial_arrays=ArrayRecord(round1_state),
                    num_rounds=cfg.server.num_rounds - 1, timeout=cfg.server.round_timeout,
@@ -71,20 +71,18 @@ def run_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, splits: DatasetSplits,
             "seconds": time.perf_counter() - start, "rounds": rounds}
 
 
-def add_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, splits: DatasetSplits, run_dir: Path,
-                      emit: Callable[[str], None],
-                      round1_state: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+def add_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path,
+                      emit: Callable[[str], None], uploads: Path | None = None
+                      ) -> dict[str, Any]:
     """Run the reference after the one-shot round; add it to the run's outputs.
 
     Adds ``results["fedavg-rounds"]`` to ``metrics.json``, its row to
     ``report.md`` and ``fedavg_rounds.png`` (accuracy per round, the one-shot
-    methods as lines). Round 1's model is ``round1_state`` or, by default, the
-    FedAvg of the uploads persisted in ``<run_dir>/uploads``.
+    methods as lines). Round 1's model is the FedAvg of the uploads persisted
+    in ``uploads`` (default: ``<run_dir>/uploads``).
     """
-    if round1_state is None:
-        teachers = load_teacher_set(run_dir / "uploads", vit_factory(cfg, splits))
-        round1_state = fedavg_state(teachers)
-    result = run_fedavg_rounds(grid, cfg, splits, round1_state, emit)
+    teachers = load_teacher_set(uploads or run_dir / "uploads", vit_factory(cfg.model, data.spec))
+    result = run_fedavg_rounds(grid, cfg, data, fedavg_state(teachers), emit)
     metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     results = metrics["results"]
     results["fedavg-rounds"] = result

@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
 from fedmitr_core.config import FedMITRConfig
-from fedmitr_core.data import DatasetSplits
-from fedmitr_core.models import vit_factory
-from fedmitr_core.offline import UPLOAD_REPORT
-from fedmitr_core.server_job import ServerOutcome, run_server_methods
-from fedmitr_core.uploads import (
-    Upload,
-    expected_spec,
-    load_teacher_set,
-    persist_upload,
-    validate_upload,
-)
+from fedmitr_core.data.datasets import DatasetSplits
+from fedmitr_core.models.vit import vit_factory
+from fedmitr_core.server.pipeline import ServerOutcome, run_pipeline
+from fedmitr_core.server.uploads import UploadIntake, expected_spec
 
 
 def emit_log(line: str) -> None:
@@ -100,30 +91,24 @@ class InsufficientUploadsError(RuntimeError):
 class OneShotStrategy(FedAvg):
     """Sample every connected node once, then distil instead of averaging.
 
-    ``aggregate_train`` validates every reply, persists the accepted ones to
-    ``<run_dir>/uploads/`` before any long work, loads them back as teachers and
-    runs the configured server methods (``fedmitr_core.server_job``).
+    Each reply is validated and, if good, persisted to ``<run_dir>/uploads/`` the
+    moment it arrives (``fedmitr_core.server.uploads.UploadIntake``);
+    ``aggregate_train`` then runs the server pipeline on them
+    (``fedmitr_core.server.pipeline``).
     """
 
-    def __init__(self, cfg: FedMITRConfig, splits: DatasetSplits, run_dir: Path) -> None:
+    def __init__(self, cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path) -> None:
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0,
                          min_train_nodes=max(1, cfg.server.min_clients),
                          min_available_nodes=max(1, cfg.server.min_clients))
-        self.cfg = cfg
-        self.splits = splits
-        self.run_dir = run_dir
-        self.upload_dir = run_dir / "uploads"
+        self.cfg, self.data, self.run_dir = cfg, data, run_dir
+        self.intake = UploadIntake(run_dir, expected_spec(vit_factory(cfg.model, data.spec)()),
+                                   data.spec.num_classes)
         self.outcome: ServerOutcome | None = None
         self.sampled_nodes: set[int] = set()
-        self._new_model = vit_factory(cfg, splits)
-        self._spec = expected_spec(self._new_model())
         self._handled: set[int] = set()  # id() of the replies taken in (alive all round)
         self._replied: set[int] = set()
         self._partitions: set[int] = set()
-        self._accepted: list[dict[str, Any]] = []
-        self._rejected: list[dict[str, Any]] = []
-        self._failed: list[dict[str, Any]] = []
-        self.upload_report: dict[str, Any] = {}
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -139,84 +124,73 @@ class OneShotStrategy(FedAvg):
                              num_rounds=num_rounds, timeout=timeout, **kwargs)
 
     def accept_reply(self, msg: Message, node: int | None = None) -> None:
-        """Validate one reply from ``node`` and, if good, persist it at once (atomically)."""
+        """Take in one reply from ``node``: validated and, if good, persisted at once."""
         if id(msg) in self._handled:
             return
         self._handled.add(id(msg))
         node = int(msg.metadata.src_node_id) if node is None else int(node)
         self._replied.add(node)
         if msg.has_error():
-            self._failed.append({"node-id": node, "reason": str(msg.error.reason)})
+            self.intake.fail(node, str(msg.error.reason))
             log(WARNING, "client node %d failed: %s", node, msg.error.reason)
             return
-        content = msg.content
-        arrays: dict[str, Any] = {}
-        if len(content.array_records) != 1 or len(content.metric_records) != 1:
-            problems = ["reply must hold exactly one ArrayRecord and one MetricRecord"]
-            metrics: dict[str, Any] = {}
-        else:
-            record = next(iter(content.array_records.values()))
-            metrics = dict(next(iter(content.metric_records.values())))
-            try:
-                arrays = {k: v.numpy() for k, v in record.items()}
-            except (ValueError, TypeError) as err:
-                arrays = {}
-                problems = [f"arrays could not be decoded as plain numpy arrays: {err}"]
-            else:
-                problems = validate_upload(arrays, metrics, self._spec, self.splits.num_classes)
+        arrays, metrics, problems = _decode(msg)
         partition = metrics.get("partition-id")
         if isinstance(metrics.get("num-partitions"), int):
             self._partitions.add(int(metrics["num-partitions"]))
         client_id = (f"partition-{int(partition):04d}-node-{node}"
                      if isinstance(partition, int) else f"node-{node}")
         if problems:
-            self._rejected.append({"client-id": client_id, "node-id": node, "reasons": problems})
+            self.intake.reject(client_id, problems, node)
+        else:
+            problems = self.intake.take(client_id, arrays, metrics, node)
+        if problems:
             log(WARNING, "rejected upload from %s: %s", client_id, "; ".join(problems))
-            return
-        persist_upload(self.upload_dir, Upload(
-            client_id=client_id, arrays=arrays, num_examples=int(metrics["num-examples"]),
-            label_counts=np.asarray(metrics["label-counts"], dtype=np.int64),
-            metrics=metrics))
-        self._accepted.append({"client-id": client_id, "node-id": node,
-                               "num-examples": int(metrics["num-examples"])})
 
     def receive_uploads(self, replies: Iterable[Message]) -> dict[str, Any]:
-        """Take in every reply not seen yet; return what was accepted, rejected, missing."""
+        """Take in every reply not seen yet; write and return the account of all of them."""
         for msg in replies:
             self.accept_reply(msg)
-        accepted, rejected, failed = self._accepted, self._rejected, list(self._failed)
         # Nodes asked to train whose reply never came (timed out or lost on the way).
         for node in sorted(self.sampled_nodes - self._replied):
-            failed.append({"node-id": node, "reason": "no reply before 'round-timeout'"})
+            self.intake.fail(node, "no reply before 'round-timeout'")
+            self._replied.add(node)
             log(WARNING, "client node %d sent no reply before the round timeout", node)
         expected = max(self._partitions) if self._partitions else None
-        report = {"accepted": accepted, "rejected": rejected, "failed": failed,
-                  "num-partitions": expected}
+        report = self.intake.write_report(**{"num-partitions": expected})
+        accepted = len(report["accepted"])
         log(INFO, "uploads: %d accepted, %d rejected, %d failed or silent; persisted to %s",
-            len(accepted), len(rejected), len(failed), self.upload_dir)
-        if expected is not None and len(accepted) < expected:
+            accepted, len(report["rejected"]), len(report["failed"]), self.intake.folder)
+        if expected is not None and accepted < expected:
             log(WARNING, "only %d of %d partitions are in the teacher set: the global model "
                 "is built from part of the data (start as many SuperNodes as partitions, "
-                "e.g. --federation-config \"num-supernodes=%d\")",
-                len(accepted), expected, expected)
+                "e.g. --federation-config \"num-supernodes=%d\")", accepted, expected, expected)
         return report
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Persist the uploads, then run the server methods on them."""
+        """Persist the uploads, then run the server pipeline on them."""
         report = self.receive_uploads(replies)
-        self.upload_report = report
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / UPLOAD_REPORT).write_text(json.dumps(report, indent=1),
-                                                  encoding="utf-8")
         needed = max(1, self.cfg.server.min_clients)
         if len(report["accepted"]) < needed:
             raise InsufficientUploadsError(
                 f"{len(report['accepted'])} valid uploads, but run config key 'min-clients' "
-                f"asks for at least {needed}; accepted uploads are kept in {self.upload_dir}")
-        teachers = load_teacher_set(self.upload_dir, self._new_model)
-        self.outcome = run_server_methods(teachers, self.cfg, self.splits, self.run_dir,
-                                          emit=emit_log, upload_report=report)
+                f"asks for at least {needed}; accepted uploads are kept in {self.intake.folder}")
+        self.outcome = run_pipeline(self.cfg, self.data, self.run_dir, emit=emit_log)
         metrics = MetricRecord({f"{name}-accuracy": float(r["accuracy"])
                                 for name, r in self.outcome.results.items()})
         return ArrayRecord(self.outcome.global_model.state_dict()), metrics
+
+
+def _decode(msg: Message) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """A reply's arrays and metrics as plain values, and why they cannot be read if not."""
+    content = msg.content
+    if len(content.array_records) != 1 or len(content.metric_records) != 1:
+        return {}, {}, ["reply must hold exactly one ArrayRecord and one MetricRecord"]
+    record = next(iter(content.array_records.values()))
+    metrics = dict(next(iter(content.metric_records.values())))
+    try:
+        arrays = {k: v.numpy() for k, v in record.items()}
+    except (ValueError, TypeError) as err:
+        return {}, metrics, [f"arrays could not be decoded as plain numpy arrays: {err}"]
+    return arrays, metrics, []

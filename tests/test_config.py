@@ -1,12 +1,22 @@
+import subprocess
+import sys
+from typing import get_args
+
 import pytest
 import tomllib
-from conftest import ROOT
 
-from fedmitr_core.config import ConfigError, default_flat_config, parse_config
+from fedmitr_core.config import (
+    ConfigError,
+    MethodName,
+    ModelName,
+    OneShotMethod,
+    default_flat_config,
+    parse_config,
+)
 
 
-def test_pyproject_defaults_equal_core_defaults():
-    with open(ROOT / "pyproject.toml", "rb") as fh:
+def test_pyproject_defaults_equal_core_defaults(repo_root):
+    with open(repo_root / "pyproject.toml", "rb") as fh:
         app_config = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
     assert app_config == default_flat_config()
 
@@ -73,3 +83,41 @@ def test_flat_round_trip():
     cfg = parse_config({"alpha": 0.1, "methods": "fedmitr"})
     again = parse_config({k: v for k, v in cfg.to_flat().items()})
     assert again == cfg
+
+
+def test_model_and_method_names_equal_the_registries():
+    from fedmitr_core.methods import METHODS, ROUND_METHODS
+    from fedmitr_core.models.vit import MODEL_PRESETS
+
+    assert set(get_args(ModelName)) == set(MODEL_PRESETS)
+    assert set(get_args(OneShotMethod)) == set(METHODS)
+    assert set(get_args(MethodName)) == set(METHODS) | ROUND_METHODS
+
+
+def test_validating_a_config_imports_nothing_of_the_core_nor_torch():
+    code = ("import sys; from fedmitr_core.config import parse_config; "
+            "parse_config({'methods': 'fedmitr,dense', 'model': 'vit-tiny'}); "
+            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'timm', "
+            "'fedmitr_core.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "['fedmitr_core.config']"
+
+
+def test_bad_model_and_method_names_list_the_choices():
+    with pytest.raises(ConfigError, match="'model'.*vit-micro"):
+        parse_config({"model": "vit-huge"})
+    with pytest.raises(ConfigError, match="'methods'.*coboosting"):
+        parse_config({"methods": "fedmitr,co-boosting"})
+
+
+def test_resume_from_needs_a_run_folder_with_uploads(tmp_path):
+    with pytest.raises(ConfigError, match="'resume-from'"):
+        parse_config({"resume-from": str(tmp_path / "nowhere")})
+    (tmp_path / "run" / "uploads").mkdir(parents=True)
+    assert parse_config({"resume-from": str(tmp_path / "run")}).server.resume_from
+
+
+def test_checkpoint_every_must_not_be_negative():
+    with pytest.raises(ConfigError, match="'checkpoint-every'"):
+        parse_config({"checkpoint-every": -1})

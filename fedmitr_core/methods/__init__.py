@@ -1,19 +1,26 @@
-"""Server methods by name: one entry point each, ``(ServerContext) -> MethodResult``."""
+"""Server methods by name: one entry point each, ``(ServerContext) -> MethodResult``.
+
+Which methods share a synthetic pool, and the random stream each pool comes
+from: ``POOLS`` and ``RNG_STREAMS`` in ``methods/base.py``.
+"""
 
 from __future__ import annotations
 
-from fedmitr_core.methods.base import MethodResult, ServerContext, ServerMethod
+from typing import get_args
+
+from fedmitr_core.config import RoundMethod
+from fedmitr_core.methods.base import POOLS, MethodResult, ServerContext, ServerMethod
 from fedmitr_core.methods.coboosting import run_coboosting
 from fedmitr_core.methods.dense import run_dense
-from fedmitr_core.methods.distillation import (
+from fedmitr_core.methods.fedavg import run_fedavg
+from fedmitr_core.methods.fedftg import run_fedftg
+from fedmitr_core.methods.inversion_kd import (
     run_deepinversion,
     run_fedmitr,
     run_fedmitr_relabel,
     run_fedmitr_sparse,
     run_kd_real,
 )
-from fedmitr_core.methods.fedavg import run_fedavg
-from fedmitr_core.methods.fedftg import run_fedftg
 
 METHODS: dict[str, ServerMethod] = {
     "fedmitr": run_fedmitr,
@@ -29,6 +36,6 @@ METHODS: dict[str, ServerMethod] = {
 
 # References that need more rounds with the clients: run by the ServerApp after the
 # one-shot round (server_app/fedavg_rounds.py), not on the one-shot uploads.
-ROUND_METHODS: frozenset[str] = frozenset({"fedavg-rounds"})
+ROUND_METHODS: frozenset[str] = frozenset(get_args(RoundMethod))
 
-__all__ = ["METHODS", "ROUND_METHODS", "MethodResult", "ServerContext", "ServerMethod"]
+__all__ = ["METHODS", "POOLS", "ROUND_METHODS", "MethodResult", "ServerContext", "ServerMethod"]

@@ -1,4 +1,4 @@
-"""What every server method receives and returns."""
+"""What every server method receives and returns, and which pool each one distils from."""
 
 from __future__ import annotations
 
@@ -11,65 +11,82 @@ import torch
 from torch import nn
 
 from fedmitr_core.config import FedMITRConfig
-from fedmitr_core.data import Split
-from fedmitr_core.ensemble import TeacherEnsemble, TeacherSet
-from fedmitr_core.inversion import SyntheticPool
-from fedmitr_core.models import StudentViT, build_vit
+from fedmitr_core.data.datasets import DataSpec, Split
+from fedmitr_core.models.student import StudentViT
+from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.progress import Emit
+from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet
+from fedmitr_core.synthesis.pool import SyntheticPool
+
+# The synthetic data each method learns from. Methods that name the same pool make the
+# same images from the same random stream, so a run makes that pool once and shares it
+# (``<run>/state/pools/<pool>.safetensors``; its seconds count for every method using it).
+POOLS: dict[str, str] = {
+    "fedmitr": "sparse-inversion",
+    "fedmitr-sparse": "sparse-inversion",
+    "deepinversion": "dense-inversion",
+    "fedmitr-relabel": "dense-inversion",
+    "kd-real": "real-images",
+    "dense": "dense-generator",
+    "coboosting": "coboosting-generator",
+    "fedftg": "fedftg-generator",
+}
+# Each pool's random stream: its torch.Generator (rng) is seeded ``seed * 7919 + stream``.
+RNG_STREAMS: dict[str, int] = {
+    "sparse-inversion": 1, "dense-inversion": 2, "real-images": 3, "dense-generator": 4,
+    "coboosting-generator": 5, "fedftg-generator": 6,
+}
 
 
 @dataclass
 class ServerContext:
-    """The validated uploads and everything a server method may use."""
+    """The validated uploads and everything a server method may use.
+
+    ``real_train`` is only for the ``kd-real`` oracle reference; ``state_dir``
+    holds crash-safe state (pools, checkpoints; ``None``: keep none).
+    """
 
     teachers: TeacherSet
     ensemble: TeacherEnsemble
     cfg: FedMITRConfig
-    num_classes: int
-    in_chans: int
-    image_size: int
-    hflip_ok: bool
+    spec: DataSpec
     device: torch.device
     emit: Emit | None = None
-    real_train: Split | None = None  # only for the ``kd-real`` oracle reference
-    state_dir: Path | None = None  # crash-safe state: pools, checkpoints (None: keep none)
+    real_train: Split | None = None
+    state_dir: Path | None = None
 
     def method_state(self, name: str) -> Path | None:
-        """Where method ``name`` keeps its pool and checkpoints, if anywhere."""
+        """Where method ``name`` keeps its checkpoints and result, if anywhere."""
         return None if self.state_dir is None else self.state_dir / name
 
-    def pool_file(self, name: str) -> Path | None:
-        """Where the synthetic pool ``name`` is kept, if anywhere.
+    def pool_file(self, method: str) -> Path | None:
+        """Where the pool ``method`` distils from is kept, if anywhere (see ``POOLS``)."""
+        if self.state_dir is None:
+            return None
+        return self.state_dir / "pools" / f"{POOLS[method]}.safetensors"
 
-        Methods that make the same pool (same synthesis, same salt) ask for the
-        same name and share it: the pool is made once per run.
-        """
-        return None if self.state_dir is None else self.state_dir / "pools" / f"{name}.safetensors"
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        """``(C, H, W)`` of the model's input."""
-        return (self.in_chans, self.image_size, self.image_size)
+    def rng(self, method: str) -> torch.Generator:
+        """A CPU random generator for ``method``, seeded by the run seed and its pool's stream."""
+        return torch.Generator().manual_seed(self.cfg.seed * 7919 + RNG_STREAMS[POOLS[method]])
 
     def new_vit(self) -> nn.Module:
         """A fresh ViT of the clients' architecture."""
-        return build_vit(self.cfg.model.model, self.num_classes, self.image_size,
-                         self.in_chans, self.cfg.model.patch_size)
-
-    def generator(self, salt: int) -> torch.Generator:
-        """A CPU generator seeded by the run seed and ``salt`` (one per method)."""
-        return torch.Generator().manual_seed(self.cfg.seed * 7919 + salt)
+        return vit_factory(self.cfg.model, self.spec)()
 
 
 @dataclass
 class MethodResult:
-    """A server method's global model and what it produced on the way."""
+    """A server method's global model and what it produced on the way.
+
+    ``pool_file`` is where ``pool`` is kept, if it is; ``reused_seconds`` the
+    seconds of shared work made earlier (counted in the method's time).
+    """
 
     model: nn.Module
     pool: SyntheticPool | None = None
     details: dict[str, Any] = field(default_factory=dict)
-    pool_file: Path | None = None  # where ``pool`` is kept, if it is
-    reused_seconds: float = 0.0  # seconds of shared work made earlier (counted in its time)
+    pool_file: Path | None = None
+    reused_seconds: float = 0.0
 
 
 ServerMethod = Callable[[ServerContext], MethodResult]

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-from fedmitr_core.adversarial import BatchPerturbation, GeneratorSynthesizer, combined_logits
-from fedmitr_core.ensemble import TeacherEnsemble
-from fedmitr_core.losses import HardSampleGeneratorLoss
 from fedmitr_core.methods.base import MethodResult, ServerContext
-from fedmitr_core.methods.generative import new_generator, run_generative, uniform_sampler
+from fedmitr_core.methods.generator_kd import (
+    BatchPerturbation,
+    GeneratorKD,
+    new_generator,
+    run_generator_kd,
+    uniform_sampler,
+)
+from fedmitr_core.server.ensemble import TeacherEnsemble
+from fedmitr_core.synthesis.generator_synthesis import (
+    GeneratorRecipe,
+    GeneratorSynthesizer,
+    combined_logits,
+)
+from fedmitr_core.synthesis.losses import HardSampleGeneratorLoss
 
 
 class EnsembleReweighting:
@@ -38,6 +50,14 @@ class EnsembleReweighting:
         self.weights = self.start.clone()
         self.mu, self.decay, self.batch_size = mu, decay, batch_size
 
+    def state_dict(self) -> dict[str, Any]:
+        """The current weights (what a checkpoint holds)."""
+        return {"weights": self.weights}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s weights."""
+        self.weights = state["weights"].to(self.start.device)
+
     def per_image(self, labels: torch.Tensor) -> torch.Tensor:
         """The weights as ``(K, B)`` for a batch."""
         return self.weights[:, None].expand(-1, len(labels))
@@ -59,7 +79,7 @@ class EnsembleReweighting:
 
 
 def ods_perturbation(ensemble: TeacherEnsemble, weights: EnsembleReweighting, eps: float,
-                     gen: torch.Generator, temperature: float = 4.0) -> BatchPerturbation:
+                     rng: torch.Generator, temperature: float = 4.0) -> BatchPerturbation:
     """Output-diversified sampling: move each image ``eps`` along a random output direction.
 
     ``x ← x + eps · sign(∇_x Σ r · softmax(t(x) / T))`` with ``r ~ U(-1, 1)`` per
@@ -73,7 +93,7 @@ def ods_perturbation(ensemble: TeacherEnsemble, weights: EnsembleReweighting, ep
         x = images.detach().requires_grad_(True)
         probs = torch.softmax(combined_logits(ensemble, x, weights.per_image(labels))
                               / temperature, dim=-1)
-        direction = (torch.rand(probs.shape, generator=gen) * 2 - 1).to(probs.device)
+        direction = (torch.rand(probs.shape, generator=rng) * 2 - 1).to(probs.device)
         (grad,) = torch.autograd.grad((direction * probs).sum(), x)
         return (images + eps * grad.sign()).detach()
 
@@ -87,21 +107,20 @@ def run_coboosting(ctx: ServerContext) -> MethodResult:
     re-weighted ensemble; each student batch is ODS-perturbed.
     """
     b = ctx.cfg.baseline
-    gen = ctx.generator(5)
+    rng = ctx.rng("coboosting")
     reweighting = EnsembleReweighting(ctx.ensemble, b.coboost_mu, b.coboost_mu_decay,
                                       ctx.cfg.distill.distill_batch_size)
-    synthesizer = GeneratorSynthesizer(
-        new_generator(ctx, conditional=False, gen=gen), ctx.ensemble, reweighting.per_image,
-        HardSampleGeneratorLoss(b.coboost_oh, b.coboost_adv, b.coboost_hard_power,
-                                b.coboost_adv_temperature),
-        steps=b.gen_steps, lr=b.gen_lr, betas=(0.5, 0.999), optimise_noise=True,
-        reset_each_batch=True, label_sampler=uniform_sampler(ctx.num_classes),
-        precision=ctx.cfg.server.precision,
-    )
-    result = run_generative(
-        ctx, "coboosting", synthesizer, reweighting.per_image, b.coboost_temperature, gen,
-        perturbation=ods_perturbation(ctx.ensemble, reweighting, b.coboost_ods_eps, gen),
-        before_round=reweighting.update,
-    )
+    loss = HardSampleGeneratorLoss(b.coboost_oh, b.coboost_adv, b.coboost_hard_power,
+                                   b.coboost_adv_temperature)
+    recipe = GeneratorRecipe(loss, reweighting.per_image, optimise_noise=True,
+                             reset_each_round=True,
+                             label_sampler=uniform_sampler(ctx.spec.num_classes))
+    synthesizer = GeneratorSynthesizer(new_generator(ctx, conditional=False, rng=rng),
+                                       ctx.ensemble, recipe, b, ctx.cfg.runtime.precision)
+    method = GeneratorKD(
+        "coboosting", synthesizer, b.coboost_temperature,
+        perturbation=ods_perturbation(ctx.ensemble, reweighting, b.coboost_ods_eps, rng),
+        before_round=reweighting.update, state={"ensemble-weights": reweighting})
+    result = run_generator_kd(ctx, method, rng)
     result.details["ensemble-weights"] = [round(float(w), 4) for w in reweighting.weights]
     return result

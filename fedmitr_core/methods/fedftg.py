@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from fedmitr_core.adversarial import GeneratorSynthesizer
-from fedmitr_core.losses import ConditionalGeneratorLoss
 from fedmitr_core.methods.base import MethodResult, ServerContext
-from fedmitr_core.methods.generative import class_prior_sampler, new_generator, run_generative
+from fedmitr_core.methods.generator_kd import (
+    GeneratorKD,
+    class_prior_sampler,
+    new_generator,
+    run_generator_kd,
+)
+from fedmitr_core.synthesis.generator_synthesis import GeneratorRecipe, GeneratorSynthesizer
+from fedmitr_core.synthesis.losses import ConditionalGeneratorLoss
 
 
 def run_fedftg(ctx: ServerContext) -> MethodResult:
@@ -22,14 +27,12 @@ def run_fedftg(ctx: ServerContext) -> MethodResult:
     pool of ``syn-images`` like the other methods', so every method sees the same number.
     """
     b = ctx.cfg.baseline
-    gen = ctx.generator(6)
+    rng = ctx.rng("fedftg")
     counts = torch.as_tensor(ctx.teachers.label_counts)
-    synthesizer = GeneratorSynthesizer(
-        new_generator(ctx, conditional=True, gen=gen), ctx.ensemble, ctx.ensemble.target_weights,
-        ConditionalGeneratorLoss(b.fedftg_ce, b.fedftg_adv, b.fedftg_div),
-        steps=b.gen_steps, lr=b.gen_lr, betas=(0.5, 0.999), optimise_noise=False,
-        reset_each_batch=False, label_sampler=class_prior_sampler(counts),
-        precision=ctx.cfg.server.precision,
-    )
-    return run_generative(ctx, "fedftg", synthesizer, ctx.ensemble.target_weights,
-                          b.fedftg_temperature, gen, student_init="fedavg")
+    recipe = GeneratorRecipe(ConditionalGeneratorLoss(b.fedftg_ce, b.fedftg_adv, b.fedftg_div),
+                             ctx.ensemble.target_weights, optimise_noise=False,
+                             reset_each_round=False, label_sampler=class_prior_sampler(counts))
+    synthesizer = GeneratorSynthesizer(new_generator(ctx, conditional=True, rng=rng),
+                                       ctx.ensemble, recipe, b, ctx.cfg.runtime.precision)
+    method = GeneratorKD("fedftg", synthesizer, b.fedftg_temperature, student_init="fedavg")
+    return run_generator_kd(ctx, method, rng)

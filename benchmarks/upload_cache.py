@@ -1,0 +1,64 @@
+"""Client uploads cached on disk, keyed by everything that decides them.
+
+The benchmark trains the clients of one (split, seed) once and reuses their
+uploads for every server method and every later run. The key covers the
+data, partition, model and client-training settings, the seed and the number
+of clients; server settings are left out on purpose, so changing a server
+method never retrains a client. Uploads go through the app's own intake
+(validated, persisted as safetensors + JSON, never pickled), so a cache folder
+is laid out as a run folder: ``uploads/`` and ``upload_report.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import fields
+from pathlib import Path
+
+from fedmitr_core.client.training import simulate_clients
+from fedmitr_core.config import FedMITRConfig
+from fedmitr_core.data.datasets import DatasetSplits
+from fedmitr_core.models.vit import vit_factory
+from fedmitr_core.server.uploads import UploadIntake, expected_spec
+
+CLIENT_SECTIONS = ("data", "partition", "model", "client")
+
+
+def client_key(cfg: FedMITRConfig, num_clients: int) -> str:
+    """Hex digest of the settings that decide the clients' uploads."""
+    flat = cfg.to_flat()
+    section_keys = {f.name.replace("_", "-") for s in CLIENT_SECTIONS
+                    for f in fields(getattr(cfg, s))}
+    relevant = {k: flat[k] for k in sorted(section_keys)}
+    relevant.update(seed=cfg.seed, num_clients=num_clients)
+    blob = json.dumps(relevant, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cached_uploads(cfg: FedMITRConfig, num_clients: int, data: DatasetSplits,
+                   cache_dir: Path, log: Callable[[str], None] = print) -> tuple[Path, bool]:
+    """The folder of ``cfg``'s uploads, trained now or found in ``cache_dir``.
+
+    Returns the folder (``uploads/``, ``upload_report.json``) and whether it was cached.
+    """
+    folder = cache_dir / client_key(cfg, num_clients)
+    done = folder / "complete.json"
+    if done.is_file():
+        return folder, True
+    log(f"training {num_clients} clients (cache {folder.name})")
+    _, updates = simulate_clients(cfg, num_clients, data)
+    intake = UploadIntake(folder, expected_spec(vit_factory(cfg.model, data.spec)()),
+                          data.spec.num_classes)
+    for pid, update in enumerate(updates):
+        metrics = {"num-examples": update.num_examples,
+                   "label-counts": [int(v) for v in update.label_counts], **update.metrics}
+        problems = intake.take(f"partition-{pid:04d}",
+                               {k: v.numpy() for k, v in update.state.items()}, metrics)
+        if problems:
+            log(f"client {pid} left out of the teacher set: {'; '.join(problems)}")
+    intake.write_report(**{"num-partitions": num_clients})
+    done.write_text(json.dumps({"num-clients": num_clients, "config": cfg.to_flat()},
+                               indent=1, default=str), encoding="utf-8")
+    return folder, False

@@ -1,0 +1,1 @@
+"""What a client does: load its data, train the local ViT, describe its upload."""

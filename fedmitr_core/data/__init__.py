@@ -1,0 +1,1 @@
+"""Datasets, splits, client partitions and a deployed client's own files."""

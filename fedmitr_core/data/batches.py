@@ -1,0 +1,26 @@
+"""Batches over in-memory tensors and the shift augmentation every trainer uses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+
+def random_shift(images: torch.Tensor, max_shift: int, rng: torch.Generator) -> torch.Tensor:
+    """Shift the whole batch by up to ``max_shift`` pixels (zero padding)."""
+    if max_shift <= 0:
+        return images
+    dy, dx = (int(v) for v in torch.randint(-max_shift, max_shift + 1, (2,), generator=rng))
+    padded = F.pad(images, (max_shift,) * 4)
+    h, w = images.shape[-2:]
+    return padded[..., max_shift + dy: max_shift + dy + h, max_shift + dx: max_shift + dx + w]
+
+
+def iterate_batches(n: int, batch_size: int, rng: torch.Generator | None
+                    ) -> Iterator[torch.Tensor]:
+    """Index batches over ``n`` items, shuffled when a random generator is given."""
+    order = torch.randperm(n, generator=rng) if rng is not None else torch.arange(n)
+    for start in range(0, n, batch_size):
+        yield order[start: start + batch_size]

@@ -1,0 +1,167 @@
+"""What the generator-based baselines share: the generator, the budget and their KD loop.
+
+Each round the baseline's :class:`GeneratorSynthesizer` makes one batch of
+images against the ensemble and the current student; the batch joins a pool,
+and the student is distilled from the ensemble on the pool for its share of
+the student steps, through the one :class:`StudentTrainer`. DENSE, Co-Boosting
+and FedFTG (``dense.py``, ``coboosting.py``, ``fedftg.py``) differ in their
+:class:`GeneratorRecipe` and in what happens around each round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from fedmitr_core.data.batches import random_shift
+from fedmitr_core.distill.losses import soft_kl
+from fedmitr_core.distill.trainer import StudentTrainer
+from fedmitr_core.methods.base import MethodResult, ServerContext, make_student
+from fedmitr_core.methods.inversion_kd import training_setup
+from fedmitr_core.progress import Progress
+from fedmitr_core.runtime import autocast
+from fedmitr_core.synthesis.generator import ImageGenerator
+from fedmitr_core.synthesis.generator_synthesis import (
+    GeneratorSynthesizer,
+    LabelSampler,
+    combined_logits,
+)
+
+# ``(images, labels, round) -> images``: a change to each student batch (Co-Boosting's ODS).
+BatchPerturbation = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+# ``(images, labels, round)``: called with the whole pool before each round's student steps.
+RoundHook = Callable[[torch.Tensor, torch.Tensor, int], None]
+
+
+class Stateful(Protocol):
+    """Something whose state a checkpoint must hold (``state_dict`` / ``load_state_dict``)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any: ...
+
+
+@dataclass
+class GeneratorKD:
+    """One generator-based baseline, ready to run.
+
+    ``temperature`` is its KD temperature; ``perturbation`` changes each student
+    batch, ``before_round`` sees the pool before each round's steps, and
+    ``state`` names what else a checkpoint must hold (the generator always is).
+    ``student_init`` overrides ``student-init`` (FedFTG fine-tunes FedAvg).
+    """
+
+    name: str
+    synthesizer: GeneratorSynthesizer
+    temperature: float
+    perturbation: BatchPerturbation | None = None
+    before_round: RoundHook | None = None
+    state: dict[str, Stateful] = field(default_factory=dict)
+    student_init: str | None = None
+
+
+def new_generator(ctx: ServerContext, conditional: bool, rng: torch.Generator
+                  ) -> ImageGenerator:
+    """The generator of the configured size (conditional: FedFTG), initialised from ``rng``."""
+    b = ctx.cfg.baseline
+    return ImageGenerator(b.gen_nz, ctx.spec.image_shape, b.gen_width,
+                          num_classes=ctx.spec.num_classes if conditional else 0, rng=rng)
+
+
+def steps_per_epoch(ctx: ServerContext) -> int:
+    """Student steps in one epoch over ``syn-images`` images (the inversion methods' unit)."""
+    return max(1, -(-ctx.cfg.inversion.syn_images // ctx.cfg.distill.distill_batch_size))
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` as ``parts`` integers that differ by at most one, larger first."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def run_generator_kd(ctx: ServerContext, method: GeneratorKD, rng: torch.Generator
+                     ) -> MethodResult:
+    """Distil the project's student with a generator-based synthesizer, at the shared budget.
+
+    ``syn-images`` images in ``gen-rounds`` rounds, and as many student steps as
+    ``distill-epochs`` epochs over ``syn-images`` images, split evenly over the
+    rounds; each step draws a batch from the pool so far (with replacement).
+    """
+    cfg, synth = ctx.cfg, method.synthesizer
+    rounds = max(1, min(cfg.baseline.gen_rounds, cfg.inversion.syn_images))
+    per_epoch = steps_per_epoch(ctx)
+    student = make_student(ctx, method.student_init)
+    trainer = StudentTrainer(student, cfg.distill, training_setup(ctx, method.name),
+                             cfg.distill.distill_epochs * per_epoch, per_epoch)
+    state = {"generator": synth.net, **method.state}
+    done, saved = trainer.resume(rng, f"{method.name}: generator round")
+    pool_x, pool_y = [], []
+    if saved:
+        pool_x = [saved["pool-images"].to(ctx.device)]
+        pool_y = [saved["pool-labels"].to(ctx.device)]
+        for key, part in state.items():
+            part.load_state_dict(saved[key])
+    progress = Progress(f"{method.name}: generator round", rounds - done, ctx.emit)
+    sizes = split_evenly(cfg.inversion.syn_images, rounds)
+    steps = split_evenly(cfg.distill.distill_epochs * per_epoch, rounds)
+    for r in range(done, rounds):
+        images, labels, parts = synth.synthesize(sizes[r], student, rng)
+        pool_x.append(images)
+        pool_y.append(labels)
+        x_all, y_all = torch.cat(pool_x), torch.cat(pool_y)
+        if method.before_round is not None:
+            method.before_round(x_all, y_all, r)
+        kd = sum(_student_step(ctx, method, trainer, x_all, y_all, r, rng) for _ in range(steps[r]))
+        progress.step(kd=kd / max(1, steps[r]), pool=float(len(y_all)), **parts)
+        trainer.checkpoint_if_due(r + 1, rng, lambda x=x_all, y=y_all: {
+            "pool-images": x, "pool-labels": y,
+            **{key: part.state_dict() for key, part in state.items()}})
+    images, labels = torch.cat(pool_x).cpu(), torch.cat(pool_y).cpu()
+    with torch.no_grad():
+        agree = ctx.ensemble.predict(images).argmax(dim=1).cpu() == labels
+    return MethodResult(model=student.eval().vit, details={
+        "pool-size": len(labels), "pool-on-target": float(agree.float().mean())})
+
+
+def _student_step(ctx: ServerContext, method: GeneratorKD, trainer: StudentTrainer,
+                  x_all: torch.Tensor, y_all: torch.Tensor, round_index: int,
+                  rng: torch.Generator) -> float:
+    """One KD step on a batch drawn from the pool (with replacement); its loss."""
+    synth, precision = method.synthesizer, ctx.cfg.runtime.precision
+    batch = min(ctx.cfg.distill.distill_batch_size, len(y_all))
+    idx = torch.randint(len(y_all), (batch,), generator=rng).to(ctx.device)
+    x = random_shift(x_all[idx], ctx.cfg.distill.live_shift, rng)
+    y = y_all[idx]
+    if method.perturbation is not None:
+        x = method.perturbation(x, y, round_index)
+    with torch.no_grad():
+        target = torch.softmax(combined_logits(
+            synth.ensemble, x, synth.recipe.teacher_weights(y), precision)
+            / method.temperature, dim=-1)
+    with autocast(ctx.device, precision):
+        logits = trainer.student(x)
+    loss = soft_kl(logits, target, method.temperature)
+    trainer.step(loss)
+    return float(loss.detach())
+
+
+def class_prior_sampler(label_counts: torch.Tensor) -> LabelSampler:
+    """Labels drawn in proportion to the clients' summed label counts."""
+    prior = label_counts.float().sum(dim=0).clamp_min(0)
+    prior = prior / prior.sum() if float(prior.sum()) > 0 else torch.ones_like(prior) / len(prior)
+
+    def sample(n: int, rng: torch.Generator) -> torch.Tensor:
+        return torch.multinomial(prior, n, replacement=True, generator=rng)
+
+    return sample
+
+
+def uniform_sampler(num_classes: int) -> LabelSampler:
+    """Labels drawn uniformly over the classes."""
+
+    def sample(n: int, rng: torch.Generator) -> torch.Tensor:
+        return torch.randint(num_classes, (n,), generator=rng)
+
+    return sample

@@ -1,0 +1,1 @@
+"""timm ViT presets, the token-gather forward, the FedMITR student and evaluation."""

@@ -1,0 +1,1 @@
+"""The server's side: upload intake, the teacher ensemble, the pipeline, crash-safe state."""

@@ -1,0 +1,244 @@
+"""The server pipeline, after the uploads are in: context, methods, references, outputs.
+
+One function, :func:`run_pipeline`, serves every caller the same way: the
+strategy after its round, both offline commands (resume, published
+checkpoints) and the benchmark. It reads the persisted uploads back as the
+teacher set, runs the configured methods (resuming what a stopped run left
+under ``<run>/state/``), scores them and the references on the test and
+validation splits, and writes every output.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from fedmitr_core.config import FedMITRConfig
+from fedmitr_core.data.datasets import DatasetSplits
+from fedmitr_core.methods import METHODS, ROUND_METHODS, ServerContext
+from fedmitr_core.models.evaluate import accuracy
+from fedmitr_core.models.vit import vit_factory
+from fedmitr_core.progress import Emit
+from fedmitr_core.runtime import resolve_device, set_seed, uses_bf16
+from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet, select_teachers
+from fedmitr_core.server.reports import (
+    plot_label_distribution,
+    plot_synthetic_grid,
+    results_table,
+    write_config,
+    write_metrics,
+    write_report,
+)
+from fedmitr_core.server.state import load_method_result, load_pool, save_method_result
+from fedmitr_core.server.uploads import load_teacher_set, read_upload_report
+from fedmitr_core.synthesis.pool import SyntheticPool
+
+Results = dict[str, dict[str, Any]]
+
+
+@dataclass
+class ServerOutcome:
+    """The saved global model and every method's and reference's figures."""
+
+    global_model: nn.Module
+    results: Results
+
+
+def resolve_run_dir(cfg: FedMITRConfig, app_dir: Path) -> Path:
+    """``<output-dir>/<run-name>`` as an absolute path (output-dir relative to the app)."""
+    out = Path(cfg.server.output_dir).expanduser()
+    if not out.is_absolute():
+        out = app_dir / out
+    name = cfg.server.run_name or time.strftime("%Y%m%d-%H%M%S")
+    return out.resolve() / name
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (Linux/macOS)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes vs KiB
+
+
+def run_pipeline(cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path,
+                 emit: Emit | None = None, resume: bool = False, source: Path | None = None
+                 ) -> ServerOutcome:
+    """Run the configured methods on the persisted uploads and write every output.
+
+    Parameters
+    ----------
+    cfg
+        The run config; ``methods`` decides what runs, the first is saved.
+    data
+        The dataset's splits: the test split scores everything, the validation
+        split is reported beside it for tuning; the training split only feeds
+        the ``kd-real`` oracle.
+    run_dir
+        Where outputs go (created).
+    emit
+        Where progress lines go.
+    resume
+        Reuse ``<run_dir>/state/`` (finished methods, pools, distillation
+        checkpoints) left by a run that was stopped; otherwise start afresh.
+    source
+        The folder holding ``uploads/`` and ``upload_report.json`` (default: ``run_dir``).
+    """
+    source = source or run_dir
+    teachers = load_teacher_set(source / "uploads", vit_factory(cfg.model, data.spec))
+    state_dir = run_dir / "state"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    write_config(run_dir, cfg.to_flat())
+    set_seed(cfg.seed)
+    ctx = build_context(teachers, cfg, data, state_dir, emit)
+    results, global_model, first_pool = run_methods(ctx, data)
+    add_references(ctx, data, results)
+    write_outputs(ctx, run_dir, results, global_model, first_pool, read_upload_report(source))
+    return ServerOutcome(global_model=global_model, results=results)
+
+
+def build_context(teachers: TeacherSet, cfg: FedMITRConfig, data: DatasetSplits,
+                  state_dir: Path, emit: Emit | None) -> ServerContext:
+    """The teacher ensemble on the run's device, and everything a method may use."""
+    log = emit or (lambda _msg: None)
+    device = resolve_device(cfg.runtime.device)
+    experts = select_teachers(teachers, cfg.server.teachers_per_class)
+    ensemble = TeacherEnsemble(experts, cfg.server.weighting, cfg.server.ensemble_form, device)
+    if len(ensemble) > 50:
+        log(f"note: {len(ensemble)} teachers: every inversion step runs all of them; "
+            "teachers-per-class=2 caps the ensemble at 2 per class")
+    log(f"ensemble of {len(ensemble)} teachers (of {len(teachers)} uploads; "
+        f"teachers-per-class {cfg.server.teachers_per_class or 'all'}) on {device}, form "
+        f"'{ensemble.form}'")
+    return ServerContext(teachers=teachers, ensemble=ensemble, cfg=cfg, spec=data.spec,
+                         device=device, emit=emit, real_train=data.train, state_dir=state_dir)
+
+
+def score(model: Any, data: DatasetSplits, device: torch.device, seconds: float,
+          **details: Any) -> dict[str, Any]:
+    """Test and validation accuracy of ``model``, with its seconds and details."""
+    return {"accuracy": accuracy(model, data.test, device),
+            "val-accuracy": accuracy(model, data.val, device), "seconds": seconds, **details}
+
+
+def run_methods(ctx: ServerContext, data: DatasetSplits
+                ) -> tuple[Results, nn.Module, tuple[str, SyntheticPool] | None]:
+    """Every configured one-shot method, scored; the first's model; the first pool made.
+
+    A method that finished before a restart is read back from its state folder.
+    """
+    log = ctx.emit or (lambda _msg: None)
+    results: Results = {}
+    first_pool, global_model = None, None
+    for name in ctx.cfg.server.methods:
+        if name in ROUND_METHODS:
+            continue  # more rounds with the clients: the ServerApp runs it afterwards
+        model, seconds, details, pool = _finished_or_run(ctx, name, log)
+        results[name] = score(model.to(ctx.device), data, ctx.device, seconds, **details)
+        log(f"method '{name}': test accuracy {100 * results[name]['accuracy']:.2f} % "
+            f"in {seconds:.1f} s")
+        if global_model is None:
+            global_model = model
+        if first_pool is None and pool is not None:
+            first_pool = (name, pool)
+    assert global_model is not None  # the config puts a one-shot method first
+    return results, global_model, first_pool
+
+
+def _finished_or_run(ctx: ServerContext, name: str, log: Emit
+                     ) -> tuple[nn.Module, float, dict[str, Any], SyntheticPool | None]:
+    """Method ``name``'s model, seconds, details and pool: read back if it finished, else run."""
+    folder = ctx.method_state(name)
+    assert folder is not None and ctx.state_dir is not None
+    done = load_method_result(folder, ctx.new_vit)
+    if done is not None:
+        model, saved = done
+        pool_file = ctx.state_dir / saved["pool"] if saved.get("pool") else None
+        pool = (load_pool(pool_file, torch.Generator())[0]
+                if pool_file is not None and pool_file.is_file() else None)
+        log(f"method '{name}': finished before the restart, read from {folder}")
+        return model, float(saved["seconds"]), saved["details"], pool
+    log(f"method '{name}': start")
+    start = time.perf_counter()
+    out = METHODS[name](ctx)
+    seconds = time.perf_counter() - start + out.reused_seconds
+    pool_name = str(out.pool_file.relative_to(ctx.state_dir)) if out.pool_file else None
+    save_method_result(folder, out.model, {"seconds": seconds, "details": out.details,
+                                           "pool": pool_name})
+    return out.model, seconds, out.details, out.pool
+
+
+def add_references(ctx: ServerContext, data: DatasetSplits, results: Results) -> None:
+    """The references beside the methods: the ensemble, one-shot FedAvg, the local models."""
+    start = time.perf_counter()
+    ens = score(lambda x: ctx.ensemble.predict(x), data, ctx.device, 0.0)
+    ens["seconds"] = time.perf_counter() - start
+    results["ensemble"] = ens
+    if "fedavg" not in results:
+        start = time.perf_counter()
+        fedavg = METHODS["fedavg"](ctx).model.to(ctx.device)
+        results["fedavg"] = score(fedavg, data, ctx.device, time.perf_counter() - start)
+    local = [score(m.to(ctx.device).eval(), data, ctx.device, 0.0)
+             for m in ctx.teachers.models]
+    results["local-mean"] = {
+        "accuracy": float(np.mean([r["accuracy"] for r in local])),
+        "val-accuracy": float(np.mean([r["val-accuracy"] for r in local])),
+        "seconds": 0.0,
+    }
+
+
+def write_outputs(ctx: ServerContext, run_dir: Path, results: Results, global_model: nn.Module,
+                  first_pool: tuple[str, SyntheticPool] | None,
+                  upload_report: dict[str, Any]) -> None:
+    """``global_model.safetensors``, pictures, ``metrics.json``, ``report.md``; the table."""
+    cfg, teachers = ctx.cfg, ctx.teachers
+    save_file({k: v.detach().cpu().contiguous() for k, v in global_model.state_dict().items()},
+              str(run_dir / "global_model.safetensors"))
+    plot_label_distribution(teachers.label_counts, teachers.client_ids,
+                            run_dir / "label_distribution.png")
+    if first_pool is not None:
+        plot_synthetic_grid(first_pool[1], run_dir / "synthetic_grid.png",
+                            cfg.model.patch_size, ctx.spec.num_classes,
+                            title=f"{first_pool[0]}: synthetic images per class "
+                                  "(red: low-attention L, blue: pruned)")
+    write_metrics(run_dir, {
+        "results": results,
+        "global-method": cfg.server.methods[0],
+        "num-teachers": len(teachers),
+        "client-ids": teachers.client_ids,
+        "ensemble-teachers": ctx.ensemble.client_ids,
+        "ensemble-form": ctx.ensemble.form,
+        "device": str(ctx.device),
+        "server-peak-rss-mb": peak_rss_mb(),
+        "bf16-autocast": uses_bf16(ctx.device, cfg.runtime.precision),
+        "seed": cfg.seed,
+        "versions": _versions(),
+        "uploads": upload_report,
+    })
+    notes = [f"{len(teachers)} teachers, dataset {cfg.data.dataset}, "
+             f"partitioner {cfg.partition.partitioner} (alpha {cfg.partition.alpha}), "
+             f"model {cfg.model.model}, seed {cfg.seed}",
+             f"global model: {cfg.server.methods[0]} -> global_model.safetensors",
+             "accuracy: top-1 on the test split; val: the held-out validation split"]
+    write_report(run_dir, "FedMITR one-shot run", results, notes)
+    if ctx.emit is not None:
+        ctx.emit("results (test top-1):\n" + results_table(results))
+
+
+def _versions() -> dict[str, str]:
+    import timm
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "timm": timm.__version__, "numpy": np.__version__}

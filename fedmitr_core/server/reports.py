@@ -1,0 +1,157 @@
+"""Outputs of a run: metrics.json, report.md, config.yaml and pictures."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from fedmitr_core.synthesis.pool import SyntheticPool
+
+
+def results_table(results: dict[str, dict[str, Any]]) -> str:
+    """A markdown table: one row per method or reference."""
+    lines = ["| method | test accuracy | val accuracy | server seconds |",
+             "|---|---|---|---|"]
+    for name, r in results.items():
+        val = r.get("val-accuracy")
+        val_s = f"{100 * val:.2f} %" if isinstance(val, float) else "-"
+        lines.append(f"| {name} | {100 * r['accuracy']:.2f} % | {val_s} | "
+                     f"{r['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_metrics(run_dir: Path, payload: dict[str, Any]) -> None:
+    """``metrics.json`` with a top-level ``results`` object."""
+    _write_text(run_dir / "metrics.json", json.dumps(payload, indent=2, default=float))
+
+
+def write_config(run_dir: Path, flat_config: dict[str, Any]) -> None:
+    """The resolved run config as ``config.yaml``."""
+    _write_text(run_dir / "config.yaml", yaml.safe_dump(flat_config, sort_keys=True))
+
+
+def write_report(run_dir: Path, title: str, results: dict[str, dict[str, Any]],
+                 notes: list[str]) -> None:
+    """``report.md``: the table plus short notes on the run."""
+    body = [f"# {title}", "", results_table(results), ""]
+    body += [f"- {n}" for n in notes]
+    _write_text(run_dir / "report.md", "\n".join(body) + "\n")
+
+
+def append_report(run_dir: Path, lines: list[str]) -> None:
+    """Add ``lines`` to the end of ``report.md`` (rewritten atomically)."""
+    report = (run_dir / "report.md").read_text(encoding="utf-8")
+    _write_text(run_dir / "report.md", report + "\n" + "\n".join(lines) + "\n")
+
+
+def _to_rgb(images: torch.Tensor) -> np.ndarray:
+    x = images.float()
+    lo = x.amin(dim=(1, 2, 3), keepdim=True)
+    hi = x.amax(dim=(1, 2, 3), keepdim=True)
+    x = ((x - lo) / (hi - lo).clamp_min(1e-6)).permute(0, 2, 3, 1).numpy()
+    return np.repeat(x, 3, axis=-1) if x.shape[-1] == 1 else x
+
+
+def plot_synthetic_grid(pool: SyntheticPool, path: Path, patch_size: int, num_classes: int,
+                        per_class: int = 4, title: str = "") -> None:
+    """Synthetic images per class (rows): L patches shaded red, pruned ones blue."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    classes = list(range(min(num_classes, 20)))
+    fig, axes = plt.subplots(len(classes), per_class,
+                             figsize=(1.2 * per_class, 1.2 * len(classes)), squeeze=False)
+    rgb = _to_rgb(pool.images)
+    grid = pool.images.shape[-1] // patch_size
+    for row, c in enumerate(classes):
+        idx = torch.nonzero(pool.labels == c).flatten()[:per_class].tolist()
+        for col in range(per_class):
+            ax = axes[row][col]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if col == 0:
+                ax.set_ylabel(str(c), rotation=0, labelpad=10)
+            if col >= len(idx):
+                ax.axis("off")
+                continue
+            img = rgb[idx[col]].copy()
+            kept = pool.kept_mask[idx[col]].view(grid, grid).numpy()
+            high = pool.high_mask[idx[col]].view(grid, grid).numpy()
+            block = np.ones((patch_size, patch_size))
+            for mask, colour in ((kept & ~high, (1.0, 0.0, 0.0)), (~kept, (0.0, 0.2, 1.0))):
+                pix = np.kron(mask, block).astype(bool)
+                img[pix] = 0.55 * img[pix] + 0.45 * np.array(colour)
+            ax.imshow(img, interpolation="nearest")
+    fig.suptitle(title or "synthetic images per class (red: low-attention L, blue: pruned)",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_label_distribution(label_counts: np.ndarray, client_ids: list[str], path: Path
+                            ) -> None:
+    """Stacked bars: examples of each class held by each client."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k, c = label_counts.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.35 * k + 2), 3.2))
+    bottom = np.zeros(k)
+    cmap = plt.get_cmap("tab20" if c > 10 else "tab10")
+    for cls in range(c):
+        ax.bar(range(k), label_counts[:, cls], bottom=bottom, color=cmap(cls % cmap.N),
+               label=str(cls), width=0.8)
+        bottom += label_counts[:, cls]
+    ax.set_xlabel("client")
+    ax.set_ylabel("examples")
+    ax.set_xticks(range(k))
+    ax.set_xticklabels([str(i) for i in range(k)], fontsize=6)
+    if c <= 20:
+        ax.legend(title="class", fontsize=6, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
+    ax.set_title("label distribution of the accepted uploads", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_rounds(ax: Any, rounds: list[dict[str, float]], levels: dict[str, float]) -> None:
+    """On ``ax``: FedAvg test accuracy per round, each one-shot level as a line."""
+    ax.plot([r["round"] for r in rounds], [100 * r["accuracy"] for r in rounds], "o-",
+            color="C0", label="fedavg-rounds")
+    for i, (name, acc) in enumerate(levels.items()):
+        ax.axhline(100 * acc, linestyle=":" if name == "ensemble" else "--", color=f"C{i + 1}",
+                   label=f"{name} (one shot)")
+    ax.set_xlabel("communication rounds")
+    ax.set_ylabel("test top-1 (%)")
+    ax.legend(fontsize=7)
+
+
+def plot_rounds(rounds: list[dict[str, float]], levels: dict[str, float], path: Path) -> None:
+    """Test accuracy of multi-round FedAvg per round, one-shot methods as lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    draw_rounds(ax, rounds, levels)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,1 @@
+"""Synthetic data: the pool, model inversion and generator-based synthesis."""

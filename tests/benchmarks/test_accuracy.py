@@ -1,0 +1,144 @@
+"""The accuracy benchmark: preset validation, the upload cache, and its tables."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.accuracy import load_sweep, run_benchmark, summary_table
+from fedmitr_core.config import SIM_CONFIGS_DIR, ConfigError, parse_config
+
+
+def _preset(tmp_path: Path, run_config: dict, sweep: dict, name: str = "tiny") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"run-config": run_config, "sweep": sweep}))
+    return path
+
+
+SWEEP = {"num-clients": 3, "seeds": [0],
+         "splits": [{"partitioner": "dirichlet", "alpha": 0.5}]}
+
+
+@pytest.mark.parametrize(("run_config", "sweep", "named"), [
+    ({"alphaa": 0.1}, SWEEP, "alphaa"),
+    ({}, {**SWEEP, "seed": [0]}, "seed"),
+    ({}, {k: v for k, v in SWEEP.items() if k != "splits"}, "splits"),
+    ({}, {**SWEEP, "splits": [{"partitioner": "dirichlet", "alpha": -1}]}, "alpha"),
+    ({"methods": "fedmitr,dense-typo"}, SWEEP, "methods"),
+])
+def test_a_bad_preset_fails_naming_the_key(tmp_path, run_config, sweep, named):
+    with pytest.raises(ConfigError, match=f"'{named}'"):
+        load_sweep(_preset(tmp_path, run_config, sweep))
+
+
+def test_clients_are_trained_once_then_read_from_the_cache(tiny, tmp_path):
+    preset = _preset(tmp_path, {**tiny, "local-epochs": 3, "methods": "fedavg"}, SWEEP)
+    kwargs = {"results_root": tmp_path / "results", "cache_dir": tmp_path / "cache"}
+    first = run_benchmark(preset, **kwargs)
+    cache_entries = list((tmp_path / "cache").iterdir())
+    second = run_benchmark(preset, **kwargs)
+    assert [r["cached"] for r in first] == [False]
+    assert [r["cached"] for r in second] == [True]
+    assert list((tmp_path / "cache").iterdir()) == cache_entries
+    # The same uploads give the same one-shot FedAvg and ensemble.
+    for name in ("fedavg", "ensemble", "local-mean"):
+        assert second[0]["results"][name]["accuracy"] == first[0]["results"][name]["accuracy"]
+    # A server-side change reuses the clients; a client-side change does not.
+    third = run_benchmark(preset, overrides={"temperature": 2.0}, **kwargs)
+    fourth = run_benchmark(preset, overrides={"local-epochs": 2}, **kwargs)
+    assert third[0]["cached"] and not fourth[0]["cached"]
+    out = tmp_path / "results" / "tiny"
+    for name in ("table.md", "val_table.md", "results.json", "accuracy.png"):
+        assert (out / name).is_file(), name
+    assert "| fedavg |" in (out / "table.md").read_text()
+
+
+def test_worker_processes_run_every_pair_and_fill_the_same_cache(tiny, tmp_path):
+    preset = _preset(tmp_path, {**tiny, "local-epochs": 3, "methods": "fedavg"},
+                     {**SWEEP, "seeds": [0, 1]})
+    kwargs = {"results_root": tmp_path / "results", "cache_dir": tmp_path / "cache"}
+    parallel = run_benchmark(preset, workers=2, **kwargs)
+    assert [(r["seed"], r["cached"]) for r in parallel] == [(0, False), (1, False)]
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    again = run_benchmark(preset, **kwargs)  # one process, reading what the workers cached
+    assert all(r["cached"] for r in again)
+    for a, b in zip(parallel, again, strict=True):
+        assert a["results"]["ensemble"]["accuracy"] == b["results"]["ensemble"]["accuracy"]
+    saved = yaml.safe_load((tmp_path / "results" / "tiny" / "results.json").read_text())
+    assert [r["seed"] for r in saved["records"]] == [0, 1]
+
+
+def test_summary_table_gives_mean_and_std_over_seeds():
+    records = [{"split": "dir-0.1", "seed": s, "results": {"m": {"accuracy": a}}}
+               for s, a in ((0, 0.2), (1, 0.4))]
+    table = summary_table(records)
+    assert "| m | 30.00 ± 10.00 |" in table
+    assert "| method | dir-0.1 |" in table
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in SIM_CONFIGS_DIR.glob("*.yaml")))
+def test_every_shipped_preset_is_valid(preset):
+    """App presets parse; benchmark presets (with a sweep) pass the benchmark's checks too."""
+    path = SIM_CONFIGS_DIR / preset
+    data = yaml.safe_load(path.read_text())
+    cfg = parse_config({"preset": path.stem})
+    assert cfg.preset == path.stem
+    if "sweep" in data:
+        run_config, sweep = load_sweep(path)
+        assert sweep["seeds"] and sweep["splits"]
+        name = parse_config(run_config).model.pretrained
+        if name:  # a timm name, downloaded on users' machines: it must be one timm knows
+            import timm
+
+            assert name in timm.list_pretrained(), name
+
+
+def test_fedavg_rounds_continue_the_cached_round_through_the_client_app(tiny, tmp_path):
+    run_config = {**tiny, "local-epochs": 3, "methods": "fedavg,fedavg-rounds", "num-rounds": 3}
+    preset = _preset(tmp_path, run_config, SWEEP, name="rounds")
+    records = run_benchmark(preset, results_root=tmp_path / "results",
+                            cache_dir=tmp_path / "cache")
+    results = records[0]["results"]
+    rounds = results["fedavg-rounds"]["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    # Round 1 is the cached one-shot round: its model is the one-shot FedAvg model.
+    assert rounds[0]["accuracy"] == pytest.approx(results["fedavg"]["accuracy"], abs=1e-9)
+    assert results["fedavg-rounds"]["accuracy"] == rounds[-1]["accuracy"]
+    out = tmp_path / "results" / "rounds"
+    assert (out / "rounds.png").is_file()
+    assert "| fedavg-rounds |" in (out / "table.md").read_text()
+    metrics = out / "runs" / "dir-0.5-seed0" / "metrics.json"
+    assert "fedavg-rounds" in metrics.read_text()
+
+
+def test_append_keeps_earlier_records_of_the_same_run_config(tiny, tmp_path):
+    sweep = {**SWEEP, "seeds": [0, 1], "splits": [{"partitioner": "dirichlet", "alpha": 0.5},
+                                                  {"partitioner": "iid"}]}
+    preset = _preset(tmp_path, {**tiny, "local-epochs": 2, "methods": "fedavg"}, sweep)
+    kwargs = {"results_root": tmp_path / "results", "cache_dir": tmp_path / "cache"}
+    run_benchmark(preset, seeds=[0, 1], splits=["dir-0.5"], **kwargs)
+    both = run_benchmark(preset, seeds=[0], splits=["iid"], append=True, **kwargs)
+    assert [(r["split"], r["seed"]) for r in both] == [("dir-0.5", 0), ("dir-0.5", 1),
+                                                       ("iid", 0)]
+    table = (tmp_path / "results" / "tiny" / "table.md").read_text()
+    assert "| method | dir-0.5 (2 seeds) | iid (1 seed) |" in table
+    # Without --append the folder holds only the new run; another run config is refused.
+    alone = run_benchmark(preset, seeds=[0], splits=["iid"], **kwargs)
+    assert [(r["split"], r["seed"]) for r in alone] == [("iid", 0)]
+    with pytest.raises(ConfigError, match="'temperature'"):
+        run_benchmark(preset, seeds=[0], splits=["iid"], append=True,
+                      overrides={"temperature": 2.0}, **kwargs)
+    # Settings are compared resolved: naming a default changes nothing...
+    default_t = parse_config({}).distill.temperature
+    run_benchmark(preset, seeds=[1], splits=["iid"], append=True,
+                  overrides={"temperature": default_t}, **kwargs)
+    # ...and a folder made under other defaults is refused, read from its runs' config.yaml.
+    results = tmp_path / "results" / "tiny" / "results.json"
+    saved = json.loads(results.read_text())
+    del saved["resolved-config"]
+    results.write_text(json.dumps(saved))
+    config = tmp_path / "results" / "tiny" / "runs" / "iid-seed0" / "config.yaml"
+    config.write_text(config.read_text().replace("hi-weight: ", "hi-weight: 0.9 #"))
+    with pytest.raises(ConfigError, match="'hi-weight'"):
+        run_benchmark(preset, seeds=[0], splits=["iid"], append=True, **kwargs)

@@ -1,0 +1,54 @@
+"""The one server pipeline: the same call after a round, after a crash, in the benchmark."""
+
+import json
+
+import pytest
+
+from benchmarks.upload_cache import cached_uploads
+from fedmitr_core.config import parse_config
+from fedmitr_core.data.datasets import load_dataset
+from fedmitr_core.server.pipeline import resolve_run_dir, run_pipeline
+
+
+@pytest.fixture(scope="module")
+def uploads(tmp_path_factory, tiny):
+    cfg = parse_config({**tiny, "local-epochs": 3, "methods": "fedavg,kd-real",
+                        "distill-epochs": 1})
+    data = load_dataset(cfg.data, cfg.seed)
+    folder, cached = cached_uploads(cfg, 3, data, tmp_path_factory.mktemp("cache"),
+                                    log=lambda _m: None)
+    assert not cached
+    return cfg, data, folder
+
+
+def test_pipeline_reads_the_uploads_and_their_account_from_the_source(uploads, tmp_path):
+    cfg, data, source = uploads
+    lines = []
+    out = run_pipeline(cfg, data, tmp_path / "run", emit=lines.append, source=source)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["uploads"] == json.loads((source / "upload_report.json").read_text())
+    assert len(metrics["uploads"]["accepted"]) == metrics["num-teachers"] == 3
+    assert list(out.results) == ["fedavg", "kd-real", "ensemble", "local-mean"]
+    assert metrics["ensemble-form"] == "loop" and metrics["global-method"] == "fedavg"
+    for name in ("global_model.safetensors", "config.yaml", "report.md",
+                 "label_distribution.png"):
+        assert (tmp_path / "run" / name).is_file(), name
+    assert any(line.startswith("results (test top-1)") for line in lines)
+
+
+def test_a_resumed_pipeline_reads_finished_methods_back(uploads, tmp_path):
+    cfg, data, source = uploads
+    first = run_pipeline(cfg, data, tmp_path / "run", source=source)
+    lines = []
+    again = run_pipeline(cfg, data, tmp_path / "run", emit=lines.append, resume=True,
+                         source=source)
+    assert sum("finished before the restart" in line for line in lines) == 2
+    assert again.results["kd-real"]["accuracy"] == first.results["kd-real"]["accuracy"]
+    assert again.results["kd-real"]["seconds"] == first.results["kd-real"]["seconds"]
+
+
+def test_run_folder_is_output_dir_and_run_name_relative_to_the_app(tmp_path):
+    cfg = parse_config({"output-dir": "outs", "run-name": "r1"})
+    assert resolve_run_dir(cfg, tmp_path) == (tmp_path / "outs" / "r1").resolve()
+    absolute = parse_config({"output-dir": str(tmp_path / "abs"), "run-name": "r2"})
+    assert resolve_run_dir(absolute, tmp_path / "elsewhere") == tmp_path / "abs" / "r2"
