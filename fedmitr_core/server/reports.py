@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import numpy as np
 import torch
 import yaml
 
+from fedmitr_core.server.state import atomic_write
 from fedmitr_core.synthesis.pool import SyntheticPool
 
 
@@ -27,9 +27,7 @@ def results_table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
 
 
 def write_metrics(run_dir: Path, payload: dict[str, Any]) -> None:

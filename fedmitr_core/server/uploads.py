@@ -182,8 +182,7 @@ class UploadIntake:
         report = {"accepted": self.accepted, "rejected": self.rejected, "failed": self.failed,
                   **extra}
         text = json.dumps(report, indent=1)
-        atomic_write(self.run_dir / UPLOAD_REPORT,
-                     lambda p: p.write_text(text, encoding="utf-8"))
+        atomic_write(self.run_dir / UPLOAD_REPORT, lambda p: p.write_text(text, encoding="utf-8"))
         return report
 
 
