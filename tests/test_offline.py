@@ -60,7 +60,7 @@ def test_sigkill_during_distillation_then_resume_equals_an_uninterrupted_run(pub
     resumed = subprocess.run(_offline("--resume-from", str(killed)), cwd=repo_root, check=True,
                              capture_output=True, text=True)
     log = resumed.stdout + resumed.stderr
-    assert "read from" in log and "resumed from the checkpoint after" in log
+    assert "read from" in log and "resumed from the checkpoint after it" in log
 
     a = json.loads((full / "metrics.json").read_text())["results"]
     b = json.loads((killed / "metrics.json").read_text())["results"]

@@ -98,8 +98,8 @@ class StudentTrainer:
         rng.set_state(saved["rng"])
         self.steps = self._saved_at = int(saved["steps"])
         if self.setup.emit is not None:
-            self.setup.emit(f"{label}: resumed from the checkpoint after {saved['done']} "
-                            f"(of its units), {self.steps} student steps")
+            self.setup.emit(f"{label} {saved['done']}: resumed from the checkpoint after it "
+                            f"({self.steps} student steps done)")
         return int(saved["done"]), saved["extra"]
 
     def checkpoint_if_due(self, done: int, rng: torch.Generator,

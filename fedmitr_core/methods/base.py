@@ -12,10 +12,12 @@ from torch import nn
 
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data.datasets import DataSpec, Split
+from fedmitr_core.distill.trainer import TrainingSetup
 from fedmitr_core.models.student import StudentViT
 from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.progress import Emit
 from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet
+from fedmitr_core.server.state import CHECKPOINT_FILE
 from fedmitr_core.synthesis.pool import SyntheticPool
 
 # The synthetic data each method learns from. Methods that name the same pool make the
@@ -112,3 +114,11 @@ def make_student(ctx: ServerContext, init: str | None = None) -> StudentViT:
     if (init or ctx.cfg.distill.student_init) == "fedavg":
         vit.load_state_dict(fedavg_state(ctx.teachers))
     return StudentViT(vit, token_head_from_cls=ctx.cfg.distill.token_head_init == "cls-head")
+
+
+def training_setup(ctx: ServerContext, name: str) -> TrainingSetup:
+    """Where method ``name``'s student trains and checkpoints."""
+    folder = ctx.method_state(name)
+    return TrainingSetup(device=ctx.device, precision=ctx.cfg.runtime.precision,
+                         checkpoint=None if folder is None else folder / CHECKPOINT_FILE,
+                         checkpoint_every=ctx.cfg.server.checkpoint_every, emit=ctx.emit)

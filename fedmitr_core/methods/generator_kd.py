@@ -19,8 +19,7 @@ import torch
 from fedmitr_core.data.batches import random_shift
 from fedmitr_core.distill.losses import soft_kl
 from fedmitr_core.distill.trainer import StudentTrainer
-from fedmitr_core.methods.base import MethodResult, ServerContext, make_student
-from fedmitr_core.methods.inversion_kd import training_setup
+from fedmitr_core.methods.base import MethodResult, ServerContext, make_student, training_setup
 from fedmitr_core.progress import Progress
 from fedmitr_core.runtime import autocast
 from fedmitr_core.synthesis.generator import ImageGenerator

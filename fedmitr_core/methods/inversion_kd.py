@@ -11,10 +11,16 @@ import time
 import torch
 
 from fedmitr_core.distill.losses import TokenRelabelLoss
-from fedmitr_core.distill.trainer import LiveRelabel, TrainingSetup, train_on_pool
-from fedmitr_core.methods.base import MethodResult, ServerContext, ServerMethod, make_student
+from fedmitr_core.distill.trainer import LiveRelabel, train_on_pool
+from fedmitr_core.methods.base import (
+    MethodResult,
+    ServerContext,
+    ServerMethod,
+    make_student,
+    training_setup,
+)
 from fedmitr_core.models.evaluate import predict_logits
-from fedmitr_core.server.state import CHECKPOINT_FILE, load_pool, save_pool
+from fedmitr_core.server.state import load_pool, save_pool
 from fedmitr_core.synthesis.inversion import ModelInverter
 from fedmitr_core.synthesis.pool import SyntheticPool
 
@@ -80,14 +86,6 @@ def distill_on_pool(ctx: ServerContext, name: str, pool: SyntheticPool,
     return MethodResult(model=student.vit, pool=pool,
                         details={"pool-on-target": pool.on_target_rate(),
                                  "pool-size": len(pool)})
-
-
-def training_setup(ctx: ServerContext, name: str) -> TrainingSetup:
-    """Where method ``name``'s student trains and checkpoints."""
-    folder = ctx.method_state(name)
-    return TrainingSetup(device=ctx.device, precision=ctx.cfg.runtime.precision,
-                         checkpoint=None if folder is None else folder / CHECKPOINT_FILE,
-                         checkpoint_every=ctx.cfg.server.checkpoint_every, emit=ctx.emit)
 
 
 def run_kd_real(ctx: ServerContext) -> MethodResult:
