@@ -30,7 +30,7 @@ from fedmitr_core.data.datasets import DatasetSplits, load_dataset
 from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.progress import Emit
 from fedmitr_core.server.pipeline import ServerOutcome, run_pipeline
-from fedmitr_core.server.uploads import UploadIntake, expected_spec, read_upload_report
+from fedmitr_core.server.uploads import UploadIntake, expected_spec
 
 
 def resume_run(run_dir: Path, emit: Emit = print) -> ServerOutcome:
@@ -42,8 +42,7 @@ def resume_run(run_dir: Path, emit: Emit = print) -> ServerOutcome:
     flat["resume-from"] = str(run_dir)
     cfg = parse_config(flat)
     data = load_dataset(cfg.data, cfg.seed)
-    accepted = read_upload_report(run_dir).get("accepted")
-    count = len(list((run_dir / "uploads").glob("*.json"))) if accepted is None else len(accepted)
+    count = len(list((run_dir / "uploads").glob("*.json")))
     emit(f"resuming {run_dir}: {count} persisted uploads, no client contacted")
     return run_pipeline(cfg, data, run_dir, emit=emit, resume=True)
 
@@ -77,7 +76,7 @@ def import_teachers(folder: Path, cfg: FedMITRConfig, data: DatasetSplits, run_d
             intake.reject(weights.stem, problems)
         else:
             intake.take(weights.stem, arrays, metrics)
-    report = intake.write_report(**{"source": str(folder)})
+    report = intake.write_report(source=str(folder))
     if not intake.accepted:
         raise ConfigError(f"--teachers '{folder}': no valid checkpoint ({intake.rejected})")
     return report

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedmitr_core.config import ClientConfig, FedMITRConfig
-from fedmitr_core.data.batches import iterate_batches, random_shift
+from fedmitr_core.data.batches import batches_per_epoch, iterate_batches, random_shift
 from fedmitr_core.data.datasets import DatasetSplits, DataSpec, Split, load_dataset
 from fedmitr_core.data.partition import label_counts, partition_indices
 from fedmitr_core.models.evaluate import accuracy
@@ -72,7 +72,7 @@ def train_local(model: nn.Module, data: Split, cfg: ClientConfig, device: torch.
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.local_lr,
                             weight_decay=cfg.local_weight_decay)
-    steps = cfg.local_epochs * max(1, -(-len(data) // cfg.local_batch_size))
+    steps = cfg.local_epochs * batches_per_epoch(len(data), cfg.local_batch_size)
     if steps >= 4:
         # At least two warm-up steps: OneCycleLR divides by zero on shorter phases
         # (a tiny partition trained for a few epochs).

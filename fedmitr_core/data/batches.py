@@ -18,6 +18,11 @@ def random_shift(images: torch.Tensor, max_shift: int, rng: torch.Generator) -> 
     return padded[..., max_shift + dy: max_shift + dy + h, max_shift + dx: max_shift + dx + w]
 
 
+def batches_per_epoch(n: int, batch_size: int) -> int:
+    """Batches in one pass over ``n`` items (at least one)."""
+    return max(1, -(-n // batch_size))
+
+
 def iterate_batches(n: int, batch_size: int, rng: torch.Generator | None
                     ) -> Iterator[torch.Tensor]:
     """Index batches over ``n`` items, shuffled when a random generator is given."""

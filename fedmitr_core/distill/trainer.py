@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from fedmitr_core.config import DistillConfig
-from fedmitr_core.data.batches import iterate_batches, random_shift
+from fedmitr_core.data.batches import batches_per_epoch, iterate_batches, random_shift
 from fedmitr_core.distill.losses import TokenRelabelLoss, soft_kl
 from fedmitr_core.models.student import StudentViT
 from fedmitr_core.progress import Emit, Progress
@@ -179,7 +179,7 @@ def train_on_pool(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRelabe
     (blank) ones counting as low-attention.
     """
     device, precision = setup.device, setup.precision
-    steps_per_epoch = max(1, -(-len(pool) // settings.distill_batch_size))
+    steps_per_epoch = batches_per_epoch(len(pool), settings.distill_batch_size)
     trainer = StudentTrainer(student, settings, setup, settings.distill_epochs * steps_per_epoch,
                              steps_per_epoch)
     tensors = {k: v.to(device) for k, v in pool.tensors().items()}

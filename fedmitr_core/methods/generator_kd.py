@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from fedmitr_core.data.batches import random_shift
+from fedmitr_core.data.batches import batches_per_epoch, random_shift
 from fedmitr_core.distill.losses import soft_kl
 from fedmitr_core.distill.trainer import StudentTrainer
 from fedmitr_core.methods.base import MethodResult, ServerContext, make_student, training_setup
@@ -72,7 +72,7 @@ def new_generator(ctx: ServerContext, conditional: bool, rng: torch.Generator
 
 def steps_per_epoch(ctx: ServerContext) -> int:
     """Student steps in one epoch over ``syn-images`` images (the inversion methods' unit)."""
-    return max(1, -(-ctx.cfg.inversion.syn_images // ctx.cfg.distill.distill_batch_size))
+    return batches_per_epoch(ctx.cfg.inversion.syn_images, ctx.cfg.distill.distill_batch_size)
 
 
 def split_evenly(total: int, parts: int) -> list[int]:
