@@ -40,3 +40,19 @@ def autocast(device: torch.device, precision: str = "auto") -> contextlib.Abstra
     if uses_bf16(device, precision):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss became NaN or Inf: the method stops instead of training on it."""
+
+
+def check_finite(loss: torch.Tensor, where: str) -> None:
+    """Raise :class:`NonFiniteLossError` naming ``where`` when ``loss`` is NaN or Inf.
+
+    One device sync per call; the loops that call it already read the loss
+    for their progress line.
+    """
+    value = loss.detach()
+    if not bool(torch.isfinite(value).all()):
+        raise NonFiniteLossError(f"{where}: the loss is {float(value.float().mean())}; "
+                                 "the method stops (check the uploads it distils from)")

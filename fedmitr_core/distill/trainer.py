@@ -26,7 +26,7 @@ from fedmitr_core.data.batches import batches_per_epoch, iterate_batches, random
 from fedmitr_core.distill.losses import TokenRelabelLoss, soft_kl
 from fedmitr_core.models.student import StudentViT
 from fedmitr_core.progress import Emit, Progress
-from fedmitr_core.runtime import autocast
+from fedmitr_core.runtime import autocast, check_finite
 from fedmitr_core.server.ensemble import TeacherEnsemble
 from fedmitr_core.server.state import load_checkpoint, save_checkpoint
 from fedmitr_core.synthesis.pool import SyntheticPool
@@ -76,7 +76,8 @@ class StudentTrainer:
         self._every = setup.checkpoint_every * max(1, steps_per_epoch)
 
     def step(self, loss: torch.Tensor) -> None:
-        """One update of the student from ``loss``."""
+        """One update of the student from ``loss`` (a NaN or Inf loss stops the method)."""
+        check_finite(loss, f"student step {self.steps + 1}")
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from fedmitr_core.config import BaselineConfig
-from fedmitr_core.runtime import autocast
+from fedmitr_core.runtime import autocast, check_finite
 from fedmitr_core.server.ensemble import TeacherEnsemble
 from fedmitr_core.synthesis.generator import ImageGenerator, reset_weights
 
@@ -123,6 +123,7 @@ class GeneratorSynthesizer:
                 teacher = combined_logits(self.ensemble, images, recipe.teacher_weights(labels),
                                           self.precision)
                 loss, parts = recipe.loss(teacher, student(images), labels, images, z)
+                check_finite(loss, "generator step")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(g.parameters(), recipe.grad_clip)

@@ -18,7 +18,7 @@ from fedmitr_core.config import InversionConfig
 from fedmitr_core.data.datasets import DataSpec
 from fedmitr_core.models.tokens import all_patch_indices
 from fedmitr_core.progress import Emit, Progress
-from fedmitr_core.runtime import autocast
+from fedmitr_core.runtime import autocast, check_finite
 from fedmitr_core.server.ensemble import TeacherEnsemble
 from fedmitr_core.synthesis.losses import InversionLoss
 from fedmitr_core.synthesis.pool import SyntheticPool
@@ -139,6 +139,7 @@ class ModelInverter:
                 logits, attn = self.ensemble.teacher_outputs(x, idx)
             mixture = self.ensemble.mixture(logits)
             loss, parts = self.loss(logits, mixture, weights, labels, images * pixel_mask)
+            check_finite(loss, f"inversion step {step} of {s.inv_iterations}")
             opt.zero_grad(set_to_none=True)
             loss.backward()
             images.grad.mul_(pixel_mask)
