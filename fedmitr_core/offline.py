@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,18 @@ import numpy as np
 import yaml
 from safetensors.numpy import load_file
 
+from fedmitr_core.client.training import initial_model
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data.datasets import DatasetSplits, load_dataset
-from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.progress import Emit
 from fedmitr_core.server.pipeline import ServerOutcome, run_pipeline
-from fedmitr_core.server.uploads import UploadIntake, expected_spec
+from fedmitr_core.server.reports import mark_failed, write_config
+from fedmitr_core.server.uploads import (
+    UPLOAD_REPORT,
+    UploadIntake,
+    read_upload_report,
+    short_reason,
+)
 
 
 def resume_run(run_dir: Path, emit: Emit = print) -> ServerOutcome:
@@ -43,53 +50,102 @@ def resume_run(run_dir: Path, emit: Emit = print) -> ServerOutcome:
     cfg = parse_config(flat)
     data = load_dataset(cfg.data, cfg.seed)
     count = len(list((run_dir / "uploads").glob("*.json")))
-    emit(f"resuming {run_dir}: {count} persisted uploads, no client contacted")
-    return run_pipeline(cfg, data, run_dir, emit=emit, resume=True)
+    round_state = read_upload_report(run_dir).get("round")
+    emit(f"resuming {run_dir}: {count} persisted uploads, no client contacted"
+         + ("; the round had not closed when the server stopped" if round_state == "open"
+            else ""))
+    return _marking_failure(run_dir, lambda: run_pipeline(cfg, data, run_dir, emit=emit,
+                                                          resume=True))
 
 
-def _read_published(weights: Path) -> tuple[dict[str, np.ndarray], dict[str, Any], list[str]]:
-    """Arrays, metrics and problems of one published checkpoint and its ``.json``."""
+def _marking_failure(run_dir: Path, work: Callable[[], ServerOutcome]) -> ServerOutcome:
+    """``work()``; if it raises, ``metrics.json`` says ``status: failed`` first."""
+    try:
+        return work()
+    except Exception as err:
+        mark_failed(run_dir, short_reason(f"{type(err).__name__}: {err}"))
+        raise
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path``, links resolved, lies directly in ``folder``."""
+    return path.resolve().parent == folder.resolve()
+
+
+def _read_published(weights: Path, folder: Path
+                    ) -> tuple[dict[str, np.ndarray], dict[str, Any], list[str]]:
+    """Arrays, metrics and problems of one published checkpoint and its ``.json``.
+
+    Only regular files inside ``folder`` are read: links out of it are refused.
+    """
     meta_file = weights.with_suffix(".json")
+    for path in (weights, meta_file):
+        if path.exists() and not _inside(path, folder):
+            return {}, {}, [f"{path.name} links outside the folder ({path.resolve()}); refused"]
+    if not meta_file.is_file():
+        return {}, {}, [f"no {meta_file.name} with 'label-counts'"]
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        return {}, {}, [f"{meta_file.name} is not valid JSON: {err}"]
+    if not isinstance(meta, dict) or "label-counts" not in meta:
+        return {}, {}, [f"{meta_file.name} must be a JSON object with 'label-counts'"]
+    counts = meta["label-counts"]
+    if not isinstance(counts, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) for c in counts):
+        return {}, {}, [f"{meta_file.name}: 'label-counts' must be a list of whole numbers, "
+                        f"got {short_reason(repr(counts), 80)}"]
     try:
         arrays = dict(load_file(str(weights)))
     except Exception as err:  # noqa: BLE001 - any unreadable file is rejected, not fatal
-        return {}, {}, [f"not a readable safetensors file: {err}"]
-    if not meta_file.is_file():
-        return arrays, {}, [f"no {meta_file.name} with 'label-counts'"]
-    counts = json.loads(meta_file.read_text(encoding="utf-8")).get("label-counts")
-    metrics = {"label-counts": counts,
-               "num-examples": int(np.sum(counts)) if isinstance(counts, list) else None}
-    return arrays, metrics, []
+        return {}, {}, [f"{weights.name} is not a readable safetensors file: {err}"]
+    return arrays, {"label-counts": counts, "num-examples": sum(counts)}, []
 
 
-def import_teachers(folder: Path, cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path
-                    ) -> dict[str, Any]:
-    """Validate published checkpoints and persist the good ones as the run's uploads."""
+def import_teachers(folder: Path, cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path,
+                    emit: Emit = print) -> dict[str, Any]:
+    """Validate published checkpoints and persist the good ones as the run's uploads.
+
+    Each rejection is printed with its reason and kept in ``upload_report.json``.
+    """
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"--teachers '{folder}': no *.safetensors files")
-    intake = UploadIntake(run_dir, expected_spec(vit_factory(cfg.model, data.spec)()),
-                          data.spec.num_classes)
+    intake = UploadIntake(run_dir, initial_model(cfg, data.spec).state_dict(),
+                          data.spec.num_classes, cfg.server.max_weight_ratio)
     for weights in files:
-        arrays, metrics, problems = _read_published(weights)
+        arrays, metrics, problems = _read_published(weights, folder)
         if problems:
             intake.reject(weights.stem, problems)
         else:
-            intake.take(weights.stem, arrays, metrics)
+            problems = intake.take(weights.stem, arrays, metrics)
+        if problems:
+            emit(f"rejected {weights.name}: {'; '.join(intake.rejected[-1]['reasons'])}")
     report = intake.write_report(source=str(folder))
+    emit(f"{len(intake.accepted)} of {len(files)} checkpoints accepted from {folder}")
     if not intake.accepted:
-        raise ConfigError(f"--teachers '{folder}': no valid checkpoint ({intake.rejected})")
+        raise ConfigError(f"--teachers '{folder}': no valid checkpoint (reasons in "
+                          f"{run_dir / UPLOAD_REPORT})")
     return report
 
 
 def distil_published(folder: Path, run_dir: Path, run_config: dict[str, Any],
                      emit: Emit = print) -> ServerOutcome:
-    """Run the server methods on checkpoints that clients published in ``folder``."""
+    """Run the server methods on checkpoints that clients published in ``folder``.
+
+    If anything fails once ``run_dir`` exists, its ``metrics.json`` says
+    ``status: failed`` with the error.
+    """
     cfg = parse_config(run_config)
     data = load_dataset(cfg.data, cfg.seed)
     run_dir.mkdir(parents=True, exist_ok=True)
-    import_teachers(folder, cfg, data, run_dir)
-    return run_pipeline(cfg, data, run_dir, emit=emit)
+    write_config(run_dir, cfg.to_flat())
+
+    def work() -> ServerOutcome:
+        import_teachers(folder, cfg, data, run_dir, emit)
+        return run_pipeline(cfg, data, run_dir, emit=emit)
+
+    return _marking_failure(run_dir, work)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
+from fedmitr_core.client.training import initial_model
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data.datasets import DatasetSplits
-from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.server.pipeline import ServerOutcome, run_pipeline
-from fedmitr_core.server.uploads import UploadIntake, expected_spec
+from fedmitr_core.server.reports import write_config
+from fedmitr_core.server.uploads import UploadIntake
 
 
 def emit_log(line: str) -> None:
@@ -88,6 +90,10 @@ class InsufficientUploadsError(RuntimeError):
     """Fewer valid uploads arrived than the run needs."""
 
 
+class MethodsFailedError(RuntimeError):
+    """Every server method failed: there is no global model."""
+
+
 class OneShotStrategy(FedAvg):
     """Sample every connected node once, then distil instead of averaging.
 
@@ -97,13 +103,16 @@ class OneShotStrategy(FedAvg):
     (``fedmitr_core.server.pipeline``).
     """
 
-    def __init__(self, cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path) -> None:
+    def __init__(self, cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path,
+                 initial_state: Mapping[str, torch.Tensor] | None = None) -> None:
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0,
                          min_train_nodes=max(1, cfg.server.min_clients),
                          min_available_nodes=max(1, cfg.server.min_clients))
         self.cfg, self.data, self.run_dir = cfg, data, run_dir
-        self.intake = UploadIntake(run_dir, expected_spec(vit_factory(cfg.model, data.spec)()),
-                                   data.spec.num_classes)
+        reference = initial_state if initial_state is not None \
+            else initial_model(cfg, data.spec).state_dict()
+        self.intake = UploadIntake(run_dir, reference, data.spec.num_classes,
+                                   cfg.server.max_weight_ratio)
         self.outcome: ServerOutcome | None = None
         self.sampled_nodes: set[int] = set()
         self._handled: set[int] = set()  # id() of the replies taken in (alive all round)
@@ -119,33 +128,58 @@ class OneShotStrategy(FedAvg):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 1,
               timeout: float = 3600, **kwargs: Any) -> Result:
-        """FedAvg's ``start``, on a grid that hands over each reply as it arrives."""
+        """FedAvg's ``start``, on a grid that hands over each reply as it arrives.
+
+        The resolved config and an open upload report are written first, so the
+        run folder can be resumed whatever happens once replies come in.
+        """
+        write_config(self.run_dir, self.cfg.to_flat())
+        self.intake.write_report(round="open")
         return super().start(ArrivalGrid(grid, self.accept_reply), initial_arrays,
                              num_rounds=num_rounds, timeout=timeout, **kwargs)
 
     def accept_reply(self, msg: Message, node: int | None = None) -> None:
-        """Take in one reply from ``node``: validated and, if good, persisted at once."""
+        """Take in one reply from ``node``: validated and, if good, persisted at once.
+
+        Nothing in a reply can raise out of here: what cannot be read is rejected.
+        """
         if id(msg) in self._handled:
             return
         self._handled.add(id(msg))
         node = int(msg.metadata.src_node_id) if node is None else int(node)
         self._replied.add(node)
-        if msg.has_error():
-            self.intake.fail(node, str(msg.error.reason))
-            log(WARNING, "client node %d failed: %s", node, msg.error.reason)
-            return
-        arrays, metrics, problems = _decode(msg)
+        client_id = f"node-{node}"
+        try:
+            if msg.has_error():
+                self.intake.fail(node, str(msg.error.reason))
+                log(WARNING, "client node %d failed: %s", node,
+                    self.intake.failed[-1]["reason"])
+                return
+            client_id, problems = self._take(msg, node)
+        except Exception as err:  # noqa: BLE001 - one client's reply never stops the server
+            problems = [f"reply could not be read: {err!r}"]
+            self.intake.reject(client_id, problems, node)
+        if problems:
+            log(WARNING, "rejected upload from %s: %s", client_id,
+                "; ".join(self.intake.rejected[-1]["reasons"]))
+
+    def _take(self, msg: Message, node: int) -> tuple[str, list[str]]:
+        """The client id of ``msg`` and the reasons it was rejected (none: persisted)."""
+        metrics, problems = _metrics(msg)
         partition = metrics.get("partition-id")
-        if isinstance(metrics.get("num-partitions"), int):
-            self._partitions.add(int(metrics["num-partitions"]))
+        num_partitions = metrics.get("num-partitions")
+        if _whole(num_partitions) and 0 < num_partitions <= MAX_PARTITIONS:
+            self._partitions.add(int(num_partitions))
         client_id = (f"partition-{int(partition):04d}-node-{node}"
-                     if isinstance(partition, int) else f"node-{node}")
+                     if _whole(partition) and 0 <= partition < MAX_PARTITIONS else f"node-{node}")
+        if not problems:
+            problems = _check_size(msg, self.intake.size_limit)
+        if not problems:
+            arrays, problems = _arrays(msg)
         if problems:
             self.intake.reject(client_id, problems, node)
-        else:
-            problems = self.intake.take(client_id, arrays, metrics, node)
-        if problems:
-            log(WARNING, "rejected upload from %s: %s", client_id, "; ".join(problems))
+            return client_id, problems
+        return client_id, self.intake.take(client_id, arrays, metrics, node)
 
     def receive_uploads(self, replies: Iterable[Message]) -> dict[str, Any]:
         """Take in every reply not seen yet; write and return the account of all of them."""
@@ -157,7 +191,7 @@ class OneShotStrategy(FedAvg):
             self._replied.add(node)
             log(WARNING, "client node %d sent no reply before the round timeout", node)
         expected = max(self._partitions) if self._partitions else None
-        report = self.intake.write_report(**{"num-partitions": expected})
+        report = self.intake.write_report(**{"num-partitions": expected, "round": "closed"})
         accepted = len(report["accepted"])
         log(INFO, "uploads: %d accepted, %d rejected, %d failed or silent; persisted to %s",
             accepted, len(report["rejected"]), len(report["failed"]), self.intake.folder)
@@ -177,20 +211,45 @@ class OneShotStrategy(FedAvg):
                 f"{len(report['accepted'])} valid uploads, but run config key 'min-clients' "
                 f"asks for at least {needed}; accepted uploads are kept in {self.intake.folder}")
         self.outcome = run_pipeline(self.cfg, self.data, self.run_dir, emit=emit_log)
+        if self.outcome.global_model is None:
+            raise MethodsFailedError(
+                f"every method failed (see 'results' in {self.run_dir / 'metrics.json'}); "
+                "no global model was saved")
         metrics = MetricRecord({f"{name}-accuracy": float(r["accuracy"])
-                                for name, r in self.outcome.results.items()})
+                                for name, r in self.outcome.results.items()
+                                if r.get("accuracy") is not None})
         return ArrayRecord(self.outcome.global_model.state_dict()), metrics
 
 
-def _decode(msg: Message) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """A reply's arrays and metrics as plain values, and why they cannot be read if not."""
+MAX_PARTITIONS = 10**6
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _metrics(msg: Message) -> tuple[dict[str, Any], list[str]]:
+    """A reply's metrics, and why the reply cannot be read if it cannot."""
     content = msg.content
     if len(content.array_records) != 1 or len(content.metric_records) != 1:
-        return {}, {}, ["reply must hold exactly one ArrayRecord and one MetricRecord"]
-    record = next(iter(content.array_records.values()))
-    metrics = dict(next(iter(content.metric_records.values())))
+        return {}, ["reply must hold exactly one ArrayRecord and one MetricRecord"]
+    return dict(next(iter(content.metric_records.values()))), []
+
+
+def _check_size(msg: Message, limit: int) -> list[str]:
+    """Refuse a reply whose arrays hold more than ``limit`` bytes, before decoding them."""
+    record = next(iter(msg.content.array_records.values()))
+    size = sum(len(array.data) for array in record.values())
+    # Each array's serialised bytes carry a small header besides the values.
+    allowance = limit + 1024 * len(record)
+    return [] if size <= allowance else [
+        f"upload of {size} bytes exceeds the limit of {allowance} bytes (not decoded)"]
+
+
+def _arrays(msg: Message) -> tuple[dict[str, Any], list[str]]:
+    """A reply's arrays as plain numpy arrays, and why they cannot be decoded if not."""
+    record = next(iter(msg.content.array_records.values()))
     try:
-        arrays = {k: v.numpy() for k, v in record.items()}
-    except (ValueError, TypeError) as err:
-        return {}, metrics, [f"arrays could not be decoded as plain numpy arrays: {err}"]
-    return arrays, metrics, []
+        return {k: v.numpy() for k, v in record.items()}, []
+    except Exception as err:  # noqa: BLE001 - any undecodable array is a rejection
+        return {}, [f"arrays could not be decoded as plain numpy arrays: {err!r}"]

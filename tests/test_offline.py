@@ -75,18 +75,57 @@ def test_published_checkpoints_are_validated_and_bad_ones_left_out(published, tm
     market.mkdir()
     for f in published.iterdir():
         (market / f.name).write_bytes(f.read_bytes())
-    (market / "pickled.safetensors").write_bytes(b"\x80\x04\x95 not a safetensors file")
-    (market / "pickled.json").write_text(json.dumps({"label-counts": [1] * 10}))
     first = sorted(published.glob("*.safetensors"))[0]
-    (market / "no-counts.safetensors").write_bytes(first.read_bytes())
+    bad = {"pickled": b"\x80\x04\x95 not a safetensors file", "no-counts": None,
+           "bad-json": "{'label-counts': [1,", "string-counts": {"label-counts": ["3"] * 10},
+           "overflow": {"label-counts": [2**63] + [0] * 9}, "not-an-object": [1] * 10}
+    for name, meta in bad.items():
+        weights = meta if isinstance(meta, bytes) else first.read_bytes()
+        (market / f"{name}.safetensors").write_bytes(weights)
+        if meta is None:
+            continue
+        text = meta if isinstance(meta, str) else json.dumps(
+            {"label-counts": [1] * 10} if isinstance(meta, bytes) else meta)
+        (market / f"{name}.json").write_text(text)
+    # A link to a checkpoint outside the folder is not followed.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.safetensors").write_bytes(first.read_bytes())
+    (market / "linked.safetensors").symlink_to(outside / "secret.safetensors")
+    (market / "linked.json").write_text(json.dumps({"label-counts": [1] * 10}))
+    lines = []
     out = distil_published(market, tmp_path / "run", {**tiny, **RUN, "methods": "fedavg"},
-                           emit=lambda _m: None)
-    report = json.loads((tmp_path / "run" / "metrics.json").read_text())["uploads"]
-    assert len(report["accepted"]) == 3
+                           emit=lines.append)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    report = metrics["uploads"]
+    assert len(report["accepted"]) == 3 and metrics["status"] == "complete"
     reasons = {r["client-id"]: " ".join(r["reasons"]) for r in report["rejected"]}
     assert "not a readable safetensors file" in reasons["pickled"]
-    assert "label-counts" in reasons["no-counts"]
+    assert "no no-counts.json" in reasons["no-counts"]
+    assert "bad-json.json is not valid JSON" in reasons["bad-json"]
+    assert "string-counts.json: 'label-counts' must be a list of whole numbers" in \
+        reasons["string-counts"]
+    assert "up to 2**40" in reasons["overflow"]
+    assert "not-an-object.json must be a JSON object" in reasons["not-an-object"]
+    assert "links outside the folder" in reasons["linked"]
+    # Every rejection is on the console too, naming its file.
+    for name in reasons:
+        assert any(line.startswith(f"rejected {name}.safetensors: ") for line in lines), name
     assert 0.0 <= out.results["fedavg"]["accuracy"] <= 1.0
+
+
+def test_a_market_with_no_valid_checkpoint_leaves_a_run_folder_marked_failed(published,
+                                                                            tmp_path, tiny):
+    market = tmp_path / "market"
+    market.mkdir()
+    first = sorted(published.glob("*.safetensors"))[0]
+    (market / "a.safetensors").write_bytes(first.read_bytes())
+    (market / "a.json").write_text("not json")
+    with pytest.raises(ConfigError, match="no valid checkpoint"):
+        distil_published(market, tmp_path / "run", {**tiny, **RUN}, emit=lambda _m: None)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["status"] == "failed" and "no valid checkpoint" in metrics["error"]
+    assert (tmp_path / "run" / "config.yaml").is_file()
 
 
 def test_a_teacher_folder_without_checkpoints_is_named(tmp_path):

@@ -10,6 +10,7 @@ Nothing is ever unpickled.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,20 +20,74 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
-from torch import nn
 
 from fedmitr_core.server.ensemble import TeacherSet
 from fedmitr_core.server.state import atomic_write
 
 UPLOAD_REPORT = "upload_report.json"
+# More examples than any client holds, small enough that every sum over
+# clients stays exact in int64 and float64.
+MAX_COUNT = 2**40
 ArraySpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_REASON_CHARS = 300
 
 
-def expected_spec(model: nn.Module) -> ArraySpec:
-    """Name -> (shape, dtype) of every tensor in ``model``'s state dict."""
+def expected_spec(state: Mapping[str, Any]) -> ArraySpec:
+    """Name -> (shape, dtype) of every tensor in a state dict (torch or numpy)."""
     return {k: (tuple(v.shape), np.dtype(str(v.dtype).removeprefix("torch.")))
-            for k, v in model.state_dict().items()}
+            for k, v in state.items()}
+
+
+def size_limit(spec: ArraySpec, slack: float = 1.0) -> int:
+    """The most bytes an upload of ``spec`` may hold: its size times ``1 + slack``."""
+    return int(sum(int(np.prod(s)) * d.itemsize for s, d in spec.values()) * (1 + slack))
+
+
+def magnitude_bounds(reference: Mapping[str, Any], ratio: float) -> dict[str, float]:
+    """Per tensor, the largest plausible ``|w|``: ``ratio * max(max |w0|, 1)``.
+
+    ``reference`` is the initial model every client starts from. Training
+    moves weights, but not by orders of magnitude (honest uploads on digits
+    stay within 10x; docs/faults.md); the floor of 1 covers tensors that start
+    at zero, such as biases.
+    """
+    return {k: ratio * max(float(np.abs(_numpy(v)).max(initial=0.0)), 1.0)
+            for k, v in reference.items()}
+
+
+def _numpy(value: Any) -> np.ndarray:
+    return value.detach().cpu().float().numpy() if isinstance(value, torch.Tensor) \
+        else np.asarray(value)
+
+
+def short_reason(text: str, limit: int = _REASON_CHARS) -> str:
+    """``text`` without terminal colour codes; of a traceback only its last line; cut short."""
+    lines = [line.strip() for line in _ANSI.sub("", str(text)).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[-1] if any(line.startswith("Traceback") for line in lines) \
+        else " ".join(lines)
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _count(value: Any) -> int | None:
+    """``value`` as an int in ``[0, MAX_COUNT]`` if it is a whole number there, else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, np.integer)):
+        number = int(value)
+    elif isinstance(value, (float, np.floating)) and math.isfinite(value) \
+            and float(value).is_integer():
+        number = int(value)
+    else:
+        return None
+    return number if 0 <= number <= MAX_COUNT else None
+
+
+def _shown(value: Any) -> str:
+    return short_reason(repr(value), 80)
 
 
 @dataclass(frozen=True)
@@ -46,12 +101,48 @@ class Upload:
     metrics: dict[str, Any]
 
 
+def check_counts(metrics: Mapping[str, Any], num_classes: int) -> list[str]:
+    """Problems with ``num-examples`` and ``label-counts``, checked in Python ints.
+
+    Every count must be a whole number in ``[0, MAX_COUNT]`` before anything
+    converts it to a fixed-width type.
+    """
+    problems: list[str] = []
+    raw_n = metrics.get("num-examples")
+    n = _count(raw_n)
+    if n == 0:
+        problems.append("metric 'num-examples' is 0: the client has no training data "
+                        "(empty partition)")
+    elif n is None:
+        problems.append(f"metric 'num-examples' must be a positive integer up to 2**40, "
+                        f"got {_shown(raw_n)}")
+    raw = metrics.get("label-counts")
+    if raw is None:
+        return problems + ["metric 'label-counts' is missing"]
+    values = list(raw) if isinstance(raw, (list, tuple, np.ndarray)) else None
+    if values is None or len(values) != num_classes:
+        length = len(values) if values is not None else type(raw).__name__
+        return problems + [f"metric 'label-counts' must be {num_classes} numbers, got {length}"]
+    counts = [_count(v) for v in values]
+    if any(c is None for c in counts):
+        bad = next(v for v, c in zip(values, counts, strict=True) if c is None)
+        return problems + [f"metric 'label-counts' must be non-negative integers up to 2**40, "
+                           f"got {_shown(bad)}"]
+    total = sum(c for c in counts if c is not None)
+    if n is not None and total != n:
+        problems.append(f"metric 'label-counts' sums to {total}, but 'num-examples' is {n}")
+    return problems
+
+
 def validate_upload(arrays: Mapping[str, np.ndarray], metrics: Mapping[str, Any],
-                    spec: ArraySpec, num_classes: int, size_slack: float = 1.0) -> list[str]:
+                    spec: ArraySpec, num_classes: int, size_slack: float = 1.0,
+                    bounds: Mapping[str, float] | None = None) -> list[str]:
     """Reasons to reject an upload; an empty list means it is accepted.
 
     Checks names, shapes, dtypes, total size (against the expected
-    architecture's), finite values, ``num-examples`` and ``label-counts``.
+    architecture's), finite values, magnitudes against ``bounds``
+    (:func:`magnitude_bounds`; ``None`` skips them), ``num-examples`` and
+    ``label-counts`` (:func:`check_counts`).
     """
     problems: list[str] = []
     missing = sorted(set(spec) - set(arrays))
@@ -59,11 +150,12 @@ def validate_upload(arrays: Mapping[str, np.ndarray], metrics: Mapping[str, Any]
     if missing:
         problems.append(f"missing arrays: {missing[:5]}{'...' if len(missing) > 5 else ''}")
     if extra:
-        problems.append(f"unexpected arrays: {extra[:5]}{'...' if len(extra) > 5 else ''}")
-    limit = sum(int(np.prod(s)) * d.itemsize for s, d in spec.values()) * (1 + size_slack)
+        problems.append(f"unexpected arrays: {[_shown(k) for k in extra[:5]]}"
+                        f"{'...' if len(extra) > 5 else ''}")
+    limit = size_limit(spec, size_slack)
     total = sum(int(getattr(a, "nbytes", 0)) for a in arrays.values())
     if total > limit:
-        problems.append(f"upload of {total} bytes exceeds the limit of {int(limit)} bytes")
+        problems.append(f"upload of {total} bytes exceeds the limit of {limit} bytes")
         return problems
     for name, (shape, dtype) in spec.items():
         arr = arrays.get(name)
@@ -78,26 +170,13 @@ def validate_upload(arrays: Mapping[str, np.ndarray], metrics: Mapping[str, Any]
             problems.append(f"array '{name}' has dtype {arr.dtype}, expected {dtype}")
         elif not np.isfinite(arr).all():
             problems.append(f"array '{name}' has NaN or Inf values")
-    n = metrics.get("num-examples")
-    counts = metrics.get("label-counts")
-    if isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n == 0:
-        problems.append("metric 'num-examples' is 0: the client has no training data "
-                        "(empty partition)")
-    elif not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n <= 0:
-        problems.append(f"metric 'num-examples' must be a positive integer, got {n!r}")
-    if counts is None:
-        problems.append("metric 'label-counts' is missing")
-    else:
-        c = np.asarray(counts)
-        if c.shape != (num_classes,) or not np.issubdtype(c.dtype, np.number):
-            problems.append(f"metric 'label-counts' must be {num_classes} numbers, "
-                            f"got shape {c.shape}")
-        elif (c < 0).any() or not np.all(np.equal(np.mod(c, 1), 0)):
-            problems.append("metric 'label-counts' must be non-negative integers")
-        elif isinstance(n, (int, np.integer)) and int(c.sum()) != int(n):
-            problems.append(f"metric 'label-counts' sums to {int(c.sum())}, "
-                            f"but 'num-examples' is {n}")
-    return problems
+        elif bounds is not None and name in bounds and arr.size:
+            peak = float(np.abs(arr).max())
+            if peak > bounds[name]:
+                problems.append(f"array '{name}' has values up to {peak:.3g}, beyond the "
+                                f"plausible {bounds[name]:.3g} ('max-weight-ratio' times "
+                                "the initial model's magnitude)")
+    return problems + check_counts(metrics, num_classes)
 
 
 def persist_upload(folder: Path, upload: Upload) -> Path:
@@ -115,7 +194,7 @@ def persist_upload(folder: Path, upload: Upload) -> Path:
     return weights
 
 
-def load_teacher_set(folder: Path, build_model: Callable[[], nn.Module]) -> TeacherSet:
+def load_teacher_set(folder: Path, build_model: Callable[[], torch.nn.Module]) -> TeacherSet:
     """Load every persisted upload in ``folder`` as a teacher (sorted by client id)."""
     models, counts, ids = [], [], []
     for meta_path in sorted(folder.glob("*.json")):
@@ -136,51 +215,81 @@ def load_teacher_set(folder: Path, build_model: Callable[[], nn.Module]) -> Teac
 class UploadIntake:
     """Validates uploads, persists the accepted ones at once, and accounts for every one.
 
+    Nothing a client sends can raise out of :meth:`take`: whatever cannot be
+    validated or persisted is rejected with its reason. The account,
+    ``upload_report.json``, is rewritten after every upload, so a run folder
+    is resumable from the first reply on.
+
     Parameters
     ----------
     run_dir
         Accepted uploads go to ``<run_dir>/uploads/``, the account to
-        ``<run_dir>/upload_report.json`` (:meth:`write_report`).
-    spec
-        Name -> (shape, dtype) of the expected architecture (:func:`expected_spec`).
+        ``<run_dir>/upload_report.json``.
+    reference
+        The initial model's state dict: it fixes the expected names, shapes and
+        dtypes, and the plausible magnitudes (:func:`magnitude_bounds`).
     num_classes
         Length of every ``label-counts``.
+    max_weight_ratio
+        Run-config key ``max-weight-ratio``; ``0`` checks no magnitudes.
     """
 
-    def __init__(self, run_dir: Path, spec: ArraySpec, num_classes: int) -> None:
+    def __init__(self, run_dir: Path, reference: Mapping[str, Any], num_classes: int,
+                 max_weight_ratio: float = 0.0) -> None:
         self.run_dir, self.folder = run_dir, run_dir / "uploads"
-        self.spec, self.num_classes = spec, num_classes
+        self.spec, self.num_classes = expected_spec(reference), num_classes
+        self.bounds = magnitude_bounds(reference, max_weight_ratio) if max_weight_ratio > 0 \
+            else None
+        self.size_limit = size_limit(self.spec)
         self.accepted: list[dict[str, Any]] = []
         self.rejected: list[dict[str, Any]] = []
         self.failed: list[dict[str, Any]] = []
+        self.extra: dict[str, Any] = {}
 
     def take(self, client_id: str, arrays: Mapping[str, Any], metrics: Mapping[str, Any],
              node: int | None = None) -> list[str]:
         """Validate one upload and persist it if good; return the reasons it was rejected."""
-        problems = validate_upload(arrays, metrics, self.spec, self.num_classes)
+        try:
+            problems = validate_upload(arrays, metrics, self.spec, self.num_classes,
+                                       bounds=self.bounds)
+        except Exception as err:  # noqa: BLE001 - a client's input never stops the server
+            problems = [f"upload could not be validated: {short_reason(repr(err))}"]
+        if not problems:
+            try:
+                n = int(metrics["num-examples"])
+                persist_upload(self.folder, Upload(
+                    client_id=client_id, arrays=dict(arrays), num_examples=n,
+                    label_counts=np.asarray([int(v) for v in metrics["label-counts"]],
+                                            dtype=np.int64),
+                    metrics=dict(metrics)))
+            except Exception as err:  # noqa: BLE001
+                problems = [f"upload could not be persisted: {short_reason(repr(err))}"]
         if problems:
             self.reject(client_id, problems, node)
             return problems
-        n = int(metrics["num-examples"])
-        persist_upload(self.folder, Upload(
-            client_id=client_id, arrays=dict(arrays), num_examples=n,
-            label_counts=np.asarray(metrics["label-counts"], dtype=np.int64),
-            metrics=dict(metrics)))
         self.accepted.append({"client-id": client_id, **_node(node), "num-examples": n})
+        self.write_report()
         return []
 
     def reject(self, client_id: str, problems: list[str], node: int | None = None) -> None:
         """Record an upload refused before or by validation."""
-        self.rejected.append({"client-id": client_id, **_node(node), "reasons": problems})
+        self.rejected.append({"client-id": client_id, **_node(node),
+                              "reasons": [short_reason(p) for p in problems]})
+        self.write_report()
 
     def fail(self, node: int, reason: str) -> None:
-        """Record a client that failed or stayed silent."""
-        self.failed.append({"node-id": node, "reason": reason})
+        """Record a client that failed or stayed silent (its reason cleaned, cut short)."""
+        self.failed.append({"node-id": node, "reason": short_reason(reason)})
+        self.write_report()
 
     def write_report(self, **extra: Any) -> dict[str, Any]:
-        """Write ``upload_report.json`` (accepted, rejected, failed, ``extra``); return it."""
+        """Write ``upload_report.json`` (accepted, rejected, failed, ``extra``); return it.
+
+        ``extra`` is kept for the later writes.
+        """
+        self.extra.update(extra)
         report = {"accepted": self.accepted, "rejected": self.rejected, "failed": self.failed,
-                  **extra}
+                  **self.extra}
         text = json.dumps(report, indent=1)
         atomic_write(self.run_dir / UPLOAD_REPORT, lambda p: p.write_text(text, encoding="utf-8"))
         return report

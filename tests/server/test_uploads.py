@@ -13,8 +13,10 @@ from fedmitr_core.server.uploads import (
     UploadIntake,
     expected_spec,
     load_teacher_set,
+    magnitude_bounds,
     persist_upload,
     read_upload_report,
+    short_reason,
     validate_upload,
 )
 
@@ -32,7 +34,7 @@ def _good(model):
 
 def test_a_good_upload_passes(model):
     arrays, metrics = _good(model)
-    assert validate_upload(arrays, metrics, expected_spec(model), 10) == []
+    assert validate_upload(arrays, metrics, expected_spec(model.state_dict()), 10) == []
 
 
 def _break(kind, arrays, metrics):
@@ -61,17 +63,27 @@ def _break(kind, arrays, metrics):
         metrics["num-examples"] = 0
     elif kind == "wrong-classes":
         metrics["label-counts"] = [3] * 9
+    elif kind == "overflow":  # passes a sum check, overflows int64
+        metrics["label-counts"] = [2**63] + [0] * 9
+        metrics["num-examples"] = 2**63
+    elif kind == "string-counts":
+        metrics["label-counts"] = ["3"] * 10
+    elif kind == "bool-examples":
+        metrics["num-examples"] = True
+    elif kind == "fractional":
+        metrics["label-counts"] = [2.5, 3.5] + [3] * 8
 
 
 KINDS = ["nan", "inf", "shape", "dtype", "missing", "extra", "huge", "no-count",
-         "negative", "inconsistent", "zero-examples", "wrong-classes"]
+         "negative", "inconsistent", "zero-examples", "wrong-classes", "overflow",
+         "string-counts", "bool-examples", "fractional"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_each_bad_upload_is_rejected_with_a_reason(model, kind):
     arrays, metrics = _good(model)
     _break(kind, arrays, metrics)
-    problems = validate_upload(arrays, metrics, expected_spec(model), 10)
+    problems = validate_upload(arrays, metrics, expected_spec(model.state_dict()), 10)
     assert problems, kind
     assert all(isinstance(p, str) and p for p in problems)
 
@@ -96,7 +108,7 @@ def test_loading_from_an_empty_folder_names_it(tmp_path):
 
 
 def test_intake_persists_the_good_upload_at_once_and_accounts_for_every_one(tmp_path, model):
-    intake = UploadIntake(tmp_path, expected_spec(model), 10)
+    intake = UploadIntake(tmp_path, model.state_dict(), 10)
     arrays, metrics = _good(model)
     assert intake.take("good", arrays, metrics, node=7) == []
     assert (tmp_path / "uploads" / "good.safetensors").is_file()  # before any report
@@ -116,3 +128,58 @@ def test_intake_persists_the_good_upload_at_once_and_accounts_for_every_one(tmp_
     assert report["failed"] == [{"node-id": 11, "reason": "no reply before 'round-timeout'"}]
     assert report["num-partitions"] == 4
     assert read_upload_report(tmp_path / "elsewhere") == {}
+
+
+def test_whole_float_counts_pass_and_counts_beyond_2_to_the_40_do_not(model):
+    arrays, metrics = _good(model)
+    floats = {"num-examples": 30.0, "label-counts": [3.0] * 10}
+    assert validate_upload(arrays, floats, expected_spec(model.state_dict()), 10) == []
+    huge = {"num-examples": 2**40 + 1, "label-counts": [2**40 + 1] + [0] * 9}
+    problems = validate_upload(arrays, huge, expected_spec(model.state_dict()), 10)
+    assert any("num-examples" in p for p in problems)
+    assert any("label-counts" in p for p in problems)
+
+
+def test_weights_far_beyond_the_initial_models_are_implausible(model, micro_vit):
+    initial = micro_vit(seed=1).state_dict()
+    bounds = magnitude_bounds(initial, 20.0)
+    arrays, metrics = _good(model)  # another seed's weights: a plausible upload
+    spec = expected_spec(initial)
+    assert validate_upload(arrays, metrics, spec, 10, bounds=bounds) == []
+    arrays["blocks.0.mlp.fc1.weight"] = np.full_like(arrays["blocks.0.mlp.fc1.weight"], 1e30)
+    problems = validate_upload(arrays, metrics, spec, 10, bounds=bounds)
+    assert len(problems) == 1
+    assert "blocks.0.mlp.fc1.weight" in problems[0] and "max-weight-ratio" in problems[0]
+    # Biases start at 0: the floor of 1 keeps their bound at the ratio itself.
+    assert bounds["head.bias"] == 20.0
+    assert validate_upload(arrays, metrics, spec, 10) == []  # bounds off: finite is enough
+
+
+def test_nothing_a_client_sends_raises_out_of_the_intake(tmp_path, model):
+    intake = UploadIntake(tmp_path, model.state_dict(), 10, max_weight_ratio=20.0)
+    arrays, metrics = _good(model)
+    odd_inputs = [
+        ({"head.weight": object()}, metrics),
+        (arrays, {"num-examples": 30, "label-counts": {"a": 1}}),
+        (arrays, {"num-examples": float("nan"), "label-counts": [float("inf")] * 10}),
+        (arrays, {"num-examples": "30", "label-counts": "3" * 10}),
+        ({k: v.astype(object) for k, v in arrays.items()}, metrics),
+        (arrays, {"num-examples": 2**63, "label-counts": [2**63] + [0] * 9}),
+    ]
+    for i, (a, m) in enumerate(odd_inputs):
+        problems = intake.take(f"odd-{i}", a, m)
+        assert problems, i
+    report = read_upload_report(tmp_path)  # rewritten after every upload
+    assert [r["client-id"] for r in report["rejected"]] == [f"odd-{i}" for i in range(6)]
+    assert not (tmp_path / "uploads").exists()
+
+
+def test_a_failed_clients_traceback_is_kept_as_its_last_line_without_colour(tmp_path, model):
+    trace = ("\x1b[91mTraceback (most recent call last):\n  File \"app.py\", line 3\n"
+             "    raise\nRuntimeError: CUDA out of memory\x1b[0m\n")
+    assert short_reason(trace) == "RuntimeError: CUDA out of memory"
+    assert short_reason("x" * 1000).endswith("...") and len(short_reason("x" * 1000)) == 300
+    intake = UploadIntake(tmp_path, model.state_dict(), 10)
+    intake.fail(3, trace)
+    assert read_upload_report(tmp_path)["failed"] == [
+        {"node-id": 3, "reason": "RuntimeError: CUDA out of memory"}]
