@@ -102,7 +102,7 @@ def summary_table(records: list[dict[str, Any]], metric: str = "accuracy") -> st
         cells = []
         for s in splits:
             vals = [r["results"][m][metric] for r in records
-                    if r["split"] == s and m in r["results"]]
+                    if r["split"] == s and r["results"].get(m, {}).get(metric) is not None]
             cells.append(_mean_std(vals) if vals else "-")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -123,7 +123,7 @@ def plot_accuracy(records: list[dict[str, Any]], path: Path) -> None:
         means, stds = [], []
         for s in splits:
             vals = [100 * r["results"][m]["accuracy"] for r in records
-                    if r["split"] == s and m in r["results"]]
+                    if r["split"] == s and r["results"].get(m, {}).get("accuracy") is not None]
             means.append(np.mean(vals) if vals else np.nan)
             stds.append(np.std(vals) if vals else 0.0)
         ax.bar(np.arange(len(splits)) + i * width, means, width, yerr=stds, label=m)

@@ -17,11 +17,10 @@ from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
-from fedmitr_core.client.training import simulate_clients
+from fedmitr_core.client.training import initial_model, simulate_clients
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data.datasets import DatasetSplits
-from fedmitr_core.models.vit import vit_factory
-from fedmitr_core.server.uploads import UploadIntake, expected_spec
+from fedmitr_core.server.uploads import UploadIntake
 
 CLIENT_SECTIONS = ("data", "partition", "model", "client")
 
@@ -49,8 +48,8 @@ def cached_uploads(cfg: FedMITRConfig, num_clients: int, data: DatasetSplits,
         return folder, True
     log(f"training {num_clients} clients (cache {folder.name})")
     _, updates = simulate_clients(cfg, num_clients, data)
-    intake = UploadIntake(folder, expected_spec(vit_factory(cfg.model, data.spec)()),
-                          data.spec.num_classes)
+    intake = UploadIntake(folder, initial_model(cfg, data.spec).state_dict(),
+                          data.spec.num_classes, cfg.server.max_weight_ratio)
     for pid, update in enumerate(updates):
         metrics = {"num-examples": update.num_examples,
                    "label-counts": [int(v) for v in update.label_counts], **update.metrics}

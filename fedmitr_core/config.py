@@ -273,6 +273,9 @@ class ServerConfig:
     run_name: str = ""
     checkpoint_every: int = 10
     resume_from: str = ""
+    max_weight_ratio: float = 20.0
+    outlier_ratio: float = 5.0
+    count_cap: float = 5.0
 
     def __post_init__(self) -> None:
         _check(len(self.methods) >= 1, "methods", "at least one method name", self.methods)
@@ -289,6 +292,10 @@ class ServerConfig:
         _check(self.checkpoint_every >= 0, "checkpoint-every",
                "an integer >= 0 (distillation epochs; 0 turns checkpoints off)",
                self.checkpoint_every)
+        for key, value in (("max-weight-ratio", self.max_weight_ratio),
+                           ("outlier-ratio", self.outlier_ratio), ("count-cap", self.count_cap)):
+            _check(value == 0 or (value >= 1 and math.isfinite(value)), key,
+                   "0 (off) or a finite float >= 1", value)
         if self.resume_from:
             uploads = Path(self.resume_from).expanduser() / "uploads"
             _check(uploads.is_dir(), "resume-from",

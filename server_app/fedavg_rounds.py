@@ -30,6 +30,7 @@ from fedmitr_core.models.evaluate import accuracy
 from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.runtime import resolve_device
 from fedmitr_core.server.reports import append_report, plot_rounds, results_table, write_metrics
+from fedmitr_core.server.screening import screen_teachers
 from fedmitr_core.server.uploads import load_teacher_set
 
 
@@ -81,7 +82,9 @@ def add_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, data: DatasetSplits, run_d
     methods as lines). Round 1's model is the FedAvg of the uploads persisted
     in ``uploads`` (default: ``<run_dir>/uploads``).
     """
-    teachers = load_teacher_set(uploads or run_dir / "uploads", vit_factory(cfg.model, data.spec))
+    uploaded = load_teacher_set(uploads or run_dir / "uploads", vit_factory(cfg.model, data.spec))
+    # Round 1 is the one-shot round: the same screened uploads as the one-shot methods.
+    teachers = screen_teachers(uploaded, cfg.server.outlier_ratio, cfg.server.count_cap).teachers
     result = run_fedavg_rounds(grid, cfg, data, fedavg_state(teachers), emit)
     metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
     results = metrics["results"]
@@ -91,7 +94,8 @@ def add_fedavg_rounds(grid: Grid, cfg: FedMITRConfig, data: DatasetSplits, run_d
     row = results_table({name: result}).splitlines()[-1]
     note = "fedavg-rounds: not one-shot; its seconds are rounds 2..R, client training included"
     append_report(run_dir, [row, "", f"- {note}"])
-    one_shot = {m: results[m]["accuracy"] for m in cfg.server.methods if m in METHODS}
+    one_shot = {m: results[m]["accuracy"] for m in cfg.server.methods
+                if m in METHODS and results.get(m, {}).get("accuracy") is not None}
     plot_rounds(result["rounds"], one_shot, run_dir / "fedavg_rounds.png")
     emit("results (test top-1):\n" + results_table(results))
     return result

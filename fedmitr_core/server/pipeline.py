@@ -10,6 +10,7 @@ validation splits, and writes every output.
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import time
@@ -22,13 +23,13 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from fedmitr_core.config import FedMITRConfig
+from fedmitr_core.config import ConfigError, FedMITRConfig
 from fedmitr_core.data.datasets import DatasetSplits
 from fedmitr_core.methods import METHODS, ROUND_METHODS, ServerContext
 from fedmitr_core.models.evaluate import accuracy
 from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.progress import Emit
-from fedmitr_core.runtime import resolve_device, set_seed, uses_bf16
+from fedmitr_core.runtime import NonFiniteLossError, resolve_device, set_seed, uses_bf16
 from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet, select_teachers
 from fedmitr_core.server.reports import (
     plot_label_distribution,
@@ -38,6 +39,7 @@ from fedmitr_core.server.reports import (
     write_metrics,
     write_report,
 )
+from fedmitr_core.server.screening import Screening, screen_teachers
 from fedmitr_core.server.state import load_method_result, load_pool, save_method_result
 from fedmitr_core.server.uploads import load_teacher_set, read_upload_report
 from fedmitr_core.synthesis.pool import SyntheticPool
@@ -47,10 +49,11 @@ Results = dict[str, dict[str, Any]]
 
 @dataclass
 class ServerOutcome:
-    """The saved global model and every method's and reference's figures."""
+    """The saved global model (None when every method failed) and every figure."""
 
-    global_model: nn.Module
+    global_model: nn.Module | None
     results: Results
+    status: str = "complete"
 
 
 def resolve_run_dir(cfg: FedMITRConfig, app_dir: Path) -> Path:
@@ -60,6 +63,25 @@ def resolve_run_dir(cfg: FedMITRConfig, app_dir: Path) -> Path:
         out = app_dir / out
     name = cfg.server.run_name or time.strftime("%Y%m%d-%H%M%S")
     return out.resolve() / name
+
+
+def make_run_dir(cfg: FedMITRConfig, app_dir: Path) -> Path:
+    """Create the run folder (:func:`resolve_run_dir`) before any client trains.
+
+    A path that cannot be one is refused naming its run-config key.
+    """
+    run_dir = resolve_run_dir(cfg, app_dir)
+    for key, path in (("output-dir", run_dir.parent), ("run-name", run_dir)):
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"run config key '{key}': '{path}' is a file, expected a folder")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"run config key 'output-dir': cannot create the run folder "
+                          f"'{run_dir}': {err.strerror or err}") from err
+    if not os.access(run_dir, os.W_OK):
+        raise ConfigError(f"run config key 'output-dir': '{run_dir}' is not writable")
+    return run_dir
 
 
 def peak_rss_mb() -> float:
@@ -95,18 +117,44 @@ def run_pipeline(cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path,
         The folder holding ``uploads/`` and ``upload_report.json`` (default: ``run_dir``).
     """
     source = source or run_dir
-    teachers = load_teacher_set(source / "uploads", vit_factory(cfg.model, data.spec))
+    uploads = load_teacher_set(source / "uploads", vit_factory(cfg.model, data.spec))
     state_dir = run_dir / "state"
     run_dir.mkdir(parents=True, exist_ok=True)
     if not resume:
         shutil.rmtree(state_dir, ignore_errors=True)
     write_config(run_dir, cfg.to_flat())
     set_seed(cfg.seed)
-    ctx = build_context(teachers, cfg, data, state_dir, emit)
+    screening = screen_teachers(uploads, cfg.server.outlier_ratio, cfg.server.count_cap)
+    _log_screening(screening, emit or (lambda _msg: None))
+    ctx = build_context(screening.teachers, cfg, data, state_dir, emit)
     results, global_model, first_pool = run_methods(ctx, data)
     add_references(ctx, data, results)
-    write_outputs(ctx, run_dir, results, global_model, first_pool, read_upload_report(source))
-    return ServerOutcome(global_model=global_model, results=results)
+    status = run_status(results, cfg.server.methods)
+    write_outputs(ctx, run_dir, results, global_model, first_pool,
+                  {**read_upload_report(source), "screening": screening.record()}, status)
+    return ServerOutcome(global_model=global_model, results=results, status=status)
+
+
+def _log_screening(screening: Screening, log: Emit) -> None:
+    for item in screening.dropped:
+        log(f"teacher {item['client-id']} left out: {item['reason']}")
+    for item in screening.capped:
+        log(f"teacher {item['client-id']}: claimed {item['claimed']} examples, weighted as "
+            f"{item['used']} (run config key 'count-cap')")
+    for note in screening.notes:
+        log(f"note: {note}")
+
+
+def global_method(results: Results, methods: tuple[str, ...]) -> str | None:
+    """The first configured method that succeeded: its model is the global model."""
+    return next((m for m in methods if m in results and "error" not in results[m]), None)
+
+
+def run_status(results: Results, methods: tuple[str, ...]) -> str:
+    """``complete``, ``partial`` (a method failed, a model was saved) or ``failed``."""
+    if global_method(results, methods) is None:
+        return "failed"
+    return "partial" if any("error" in results.get(m, {}) for m in methods) else "complete"
 
 
 def build_context(teachers: TeacherSet, cfg: FedMITRConfig, data: DatasetSplits,
@@ -134,10 +182,13 @@ def score(model: Any, data: DatasetSplits, device: torch.device, seconds: float,
 
 
 def run_methods(ctx: ServerContext, data: DatasetSplits
-                ) -> tuple[Results, nn.Module, tuple[str, SyntheticPool] | None]:
-    """Every configured one-shot method, scored; the first's model; the first pool made.
+                ) -> tuple[Results, nn.Module | None, tuple[str, SyntheticPool] | None]:
+    """Every configured one-shot method, scored; the global model; the first pool made.
 
     A method that finished before a restart is read back from its state folder.
+    A method whose loss turns NaN or Inf, or whose model holds non-finite
+    weights, is recorded with its ``error`` and the others go on; the global
+    model is the first method's that succeeded (``None`` if none did).
     """
     log = ctx.emit or (lambda _msg: None)
     results: Results = {}
@@ -145,16 +196,32 @@ def run_methods(ctx: ServerContext, data: DatasetSplits
     for name in ctx.cfg.server.methods:
         if name in ROUND_METHODS:
             continue  # more rounds with the clients: the ServerApp runs it afterwards
-        model, seconds, details, pool = _finished_or_run(ctx, name, log)
+        start = time.perf_counter()
+        try:
+            model, seconds, details, pool = _finished_or_run(ctx, name, log)
+            if not finite_weights(model):
+                raise NonFiniteLossError("the distilled model has NaN or Inf weights")
+        except NonFiniteLossError as err:
+            results[name] = {"accuracy": None, "val-accuracy": None,
+                             "seconds": time.perf_counter() - start, "error": str(err)}
+            log(f"method '{name}' FAILED: {err}")
+            continue
         results[name] = score(model.to(ctx.device), data, ctx.device, seconds, **details)
         log(f"method '{name}': test accuracy {100 * results[name]['accuracy']:.2f} % "
             f"in {seconds:.1f} s")
         if global_model is None:
             global_model = model
+            if name != ctx.cfg.server.methods[0]:
+                log(f"the global model is method '{name}''s: the first method failed")
         if first_pool is None and pool is not None:
             first_pool = (name, pool)
-    assert global_model is not None  # the config puts a one-shot method first
     return results, global_model, first_pool
+
+
+def finite_weights(model: nn.Module) -> bool:
+    """Whether every parameter and buffer of ``model`` is finite."""
+    return all(bool(torch.isfinite(t).all()) for t in model.state_dict().values()
+               if t.is_floating_point())
 
 
 def _finished_or_run(ctx: ServerContext, name: str, log: Emit
@@ -199,13 +266,18 @@ def add_references(ctx: ServerContext, data: DatasetSplits, results: Results) ->
     }
 
 
-def write_outputs(ctx: ServerContext, run_dir: Path, results: Results, global_model: nn.Module,
-                  first_pool: tuple[str, SyntheticPool] | None,
-                  upload_report: dict[str, Any]) -> None:
-    """``global_model.safetensors``, pictures, ``metrics.json``, ``report.md``; the table."""
+def write_outputs(ctx: ServerContext, run_dir: Path, results: Results,
+                  global_model: nn.Module | None, first_pool: tuple[str, SyntheticPool] | None,
+                  upload_report: dict[str, Any], status: str = "complete") -> None:
+    """Global model (if one succeeded), pictures, ``metrics.json``, ``report.md``; the table."""
     cfg, teachers = ctx.cfg, ctx.teachers
-    save_file({k: v.detach().cpu().contiguous() for k, v in global_model.state_dict().items()},
-              str(run_dir / "global_model.safetensors"))
+    saved = global_method(results, cfg.server.methods)
+    model_file = run_dir / "global_model.safetensors"
+    if global_model is not None:
+        save_file({k: v.detach().cpu().contiguous()
+                   for k, v in global_model.state_dict().items()}, str(model_file))
+    else:
+        model_file.unlink(missing_ok=True)
     plot_label_distribution(teachers.label_counts, teachers.client_ids,
                             run_dir / "label_distribution.png")
     if first_pool is not None:
@@ -214,8 +286,9 @@ def write_outputs(ctx: ServerContext, run_dir: Path, results: Results, global_mo
                             title=f"{first_pool[0]}: synthetic images per class "
                                   "(red: low-attention L, blue: pruned)")
     write_metrics(run_dir, {
+        "status": status,
         "results": results,
-        "global-method": cfg.server.methods[0],
+        "global-method": saved,
         "num-teachers": len(teachers),
         "client-ids": teachers.client_ids,
         "ensemble-teachers": ctx.ensemble.client_ids,
@@ -230,7 +303,8 @@ def write_outputs(ctx: ServerContext, run_dir: Path, results: Results, global_mo
     notes = [f"{len(teachers)} teachers, dataset {cfg.data.dataset}, "
              f"partitioner {cfg.partition.partitioner} (alpha {cfg.partition.alpha}), "
              f"model {cfg.model.model}, seed {cfg.seed}",
-             f"global model: {cfg.server.methods[0]} -> global_model.safetensors",
+             f"status: {status}; global model: "
+             + (f"{saved} -> global_model.safetensors" if saved else "none (every method failed)"),
              "accuracy: top-1 on the test split; val: the held-out validation split"]
     write_report(run_dir, "FedMITR one-shot run", results, notes)
     if ctx.emit is not None:

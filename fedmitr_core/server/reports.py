@@ -19,6 +19,9 @@ def results_table(results: dict[str, dict[str, Any]]) -> str:
     lines = ["| method | test accuracy | val accuracy | server seconds |",
              "|---|---|---|---|"]
     for name, r in results.items():
+        if "error" in r:
+            lines.append(f"| {name} | failed | - | {r['seconds']:.1f} |")
+            continue
         val = r.get("val-accuracy")
         val_s = f"{100 * val:.2f} %" if isinstance(val, float) else "-"
         lines.append(f"| {name} | {100 * r['accuracy']:.2f} % | {val_s} | "
@@ -33,6 +36,21 @@ def _write_text(path: Path, text: str) -> None:
 def write_metrics(run_dir: Path, payload: dict[str, Any]) -> None:
     """``metrics.json`` with a top-level ``results`` object."""
     _write_text(run_dir / "metrics.json", json.dumps(payload, indent=2, default=float))
+
+
+def mark_failed(run_dir: Path, error: str) -> None:
+    """Set ``status: failed`` and ``error`` in ``metrics.json``, keeping what it already holds.
+
+    Flower's ``flwr run`` exits 0 when a ServerApp fails: this is where a script
+    can tell.
+    """
+    path = run_dir / "metrics.json"
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, ValueError):
+        payload = {}
+    payload = payload if isinstance(payload, dict) else {}
+    write_metrics(run_dir, {**payload, "status": "failed", "error": error})
 
 
 def write_config(run_dir: Path, flat_config: dict[str, Any]) -> None:

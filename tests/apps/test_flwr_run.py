@@ -59,8 +59,9 @@ def test_flwr_run_end_to_end(tmp_path, flwr_env, tiny):
     run_dir = out / "e2e"
     assert (run_dir / "metrics.json").is_file(), log[-4000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["status"] == "complete"
     assert len(metrics["uploads"]["accepted"]) == 4
-    assert metrics["uploads"]["num-partitions"] == 4
+    assert metrics["uploads"]["num-partitions"] == 4 and metrics["uploads"]["round"] == "closed"
     for name in ("global_model.safetensors", "config.yaml", "report.md",
                  "synthetic_grid.png", "label_distribution.png"):
         assert (run_dir / name).is_file(), name
@@ -97,6 +98,20 @@ def test_flwr_run_refuses_a_bad_alpha_naming_the_key(tmp_path, flwr_env):
     log = proc.stdout + proc.stderr
     assert "run config key 'alpha'" in log, log[-3000:]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.e2e
+def test_a_failed_server_app_says_so_in_metrics_json_though_flwr_run_exits_0(tmp_path,
+                                                                            flwr_env):
+    # The data folder is missing: the ServerApp fails after creating the run folder.
+    run_config = {"dataset": "imagefolder", "data-dir": str(tmp_path / "missing"),
+                  "output-dir": str(tmp_path / "o"), "run-name": "failed"}
+    proc = _flwr_run(flwr_env, run_config, supernodes=2, timeout=300)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]  # Flower's behaviour: why the status exists
+    metrics = json.loads((tmp_path / "o" / "failed" / "metrics.json").read_text())
+    assert metrics["status"] == "failed" and "data-dir" in metrics["error"]
+    assert "FedMITR run FAILED" in log
 
 
 @pytest.mark.e2e

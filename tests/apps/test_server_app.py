@@ -125,3 +125,18 @@ def test_in_process_grid_needs_no_flower_process_around_it(repo_root):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "101"
+
+
+def test_a_server_app_that_fails_says_so_in_metrics_json(tmp_path):
+    from flwr.app import Context
+
+    from server_app.app import main
+
+    run_config = {"dataset": "imagefolder", "data-dir": str(tmp_path / "missing"),
+                  "output-dir": str(tmp_path), "run-name": "r"}
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=run_config)
+    with pytest.raises(ValueError, match="data-dir"):
+        main(InProcessGrid(run_config, num_nodes=1), context)  # fails before any client trains
+    metrics = json.loads((tmp_path / "r" / "metrics.json").read_text())
+    assert metrics["status"] == "failed" and "data-dir" in metrics["error"]

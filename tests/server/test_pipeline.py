@@ -5,9 +5,9 @@ import json
 import pytest
 
 from benchmarks.upload_cache import cached_uploads
-from fedmitr_core.config import parse_config
+from fedmitr_core.config import ConfigError, parse_config
 from fedmitr_core.data.datasets import load_dataset
-from fedmitr_core.server.pipeline import resolve_run_dir, run_pipeline
+from fedmitr_core.server.pipeline import make_run_dir, resolve_run_dir, run_pipeline, run_status
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,10 @@ def test_pipeline_reads_the_uploads_and_their_account_from_the_source(uploads, t
     lines = []
     out = run_pipeline(cfg, data, tmp_path / "run", emit=lines.append, source=source)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    screening = metrics["uploads"].pop("screening")
     assert metrics["uploads"] == json.loads((source / "upload_report.json").read_text())
+    assert screening == {"dropped": [], "capped": [], "notes": []}
+    assert metrics["status"] == "complete"
     assert len(metrics["uploads"]["accepted"]) == metrics["num-teachers"] == 3
     assert list(out.results) == ["fedavg", "kd-real", "ensemble", "local-mean"]
     assert metrics["ensemble-form"] == "loop" and metrics["global-method"] == "fedavg"
@@ -52,3 +55,24 @@ def test_run_folder_is_output_dir_and_run_name_relative_to_the_app(tmp_path):
     assert resolve_run_dir(cfg, tmp_path) == (tmp_path / "outs" / "r1").resolve()
     absolute = parse_config({"output-dir": str(tmp_path / "abs"), "run-name": "r2"})
     assert resolve_run_dir(absolute, tmp_path / "elsewhere") == tmp_path / "abs" / "r2"
+
+
+def test_an_output_dir_or_run_name_that_names_a_file_is_refused_naming_the_key(tmp_path):
+    (tmp_path / "a-file").write_text("x")
+    cfg = parse_config({"output-dir": str(tmp_path / "a-file"), "run-name": "r"})
+    with pytest.raises(ConfigError, match="'output-dir'.*is a file"):
+        make_run_dir(cfg, tmp_path)
+    (tmp_path / "outs").mkdir()
+    (tmp_path / "outs" / "r").write_text("x")
+    cfg = parse_config({"output-dir": str(tmp_path / "outs"), "run-name": "r"})
+    with pytest.raises(ConfigError, match="'run-name'"):
+        make_run_dir(cfg, tmp_path)
+    cfg = parse_config({"output-dir": str(tmp_path / "new" / "deeper"), "run-name": "r"})
+    assert make_run_dir(cfg, tmp_path).is_dir()
+
+
+def test_the_status_says_whether_a_method_failed_and_whether_a_model_was_saved():
+    ok, failed = {"accuracy": 0.5}, {"accuracy": None, "error": "loss is nan"}
+    assert run_status({"fedmitr": ok, "fedavg": ok}, ("fedmitr", "fedavg")) == "complete"
+    assert run_status({"fedmitr": failed, "fedavg": ok}, ("fedmitr", "fedavg")) == "partial"
+    assert run_status({"fedmitr": failed}, ("fedmitr", "fedavg-rounds")) == "failed"
