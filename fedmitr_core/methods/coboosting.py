@@ -7,6 +7,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fedmitr_core.data.batches import iterate_batches
 from fedmitr_core.methods.base import MethodResult, ServerContext
 from fedmitr_core.methods.generator_kd import (
     BatchPerturbation,
@@ -20,6 +21,7 @@ from fedmitr_core.synthesis.generator_synthesis import (
     GeneratorRecipe,
     GeneratorSynthesizer,
     combined_logits,
+    weighted_logits,
 )
 from fedmitr_core.synthesis.losses import HardSampleGeneratorLoss
 
@@ -27,11 +29,12 @@ from fedmitr_core.synthesis.losses import HardSampleGeneratorLoss
 class EnsembleReweighting:
     """Co-Boosting's per-client ensemble weights, learned on the synthetic pool.
 
-    The ensemble's logits are ``Σ_k w_k f_k(x)``, ``w`` starting at ``1/K``.
-    Before each round but the first, one signed-gradient step per pool batch
-    lowers the ensemble's cross-entropy on the pool:
+    The ensemble's logits are ``Σ_k w_k f_k(x) / Σ_k w_k``, ``w`` starting at
+    ``1/K``. In every round but the first, after the round's synthesis and
+    before its batch joins the pool, one signed-gradient step per batch of a
+    shuffled pass over the pool lowers the ensemble's cross-entropy on it:
     ``w ← clip(w − μ · decay^round · sign(∇_w CE))``, within ±1 of the start and
-    in [0, 1].
+    in [0, 1] (``WEnsemble`` and ``COBOOSTSynthesizer.synthesize`` in the authors' code).
 
     Parameters
     ----------
@@ -41,14 +44,17 @@ class EnsembleReweighting:
         Step size and its per-round decay.
     batch_size
         Pool images per step.
+    rng
+        Shuffles the pool.
     """
 
     def __init__(self, ensemble: TeacherEnsemble, mu: float, decay: float,
-                 batch_size: int) -> None:
+                 batch_size: int, rng: torch.Generator | None = None) -> None:
         self.ensemble = ensemble
         self.start = torch.full((len(ensemble),), 1.0 / len(ensemble), device=ensemble.device)
         self.weights = self.start.clone()
         self.mu, self.decay, self.batch_size = mu, decay, batch_size
+        self.rng = rng
 
     def state_dict(self) -> dict[str, Any]:
         """The current weights (what a checkpoint holds)."""
@@ -67,12 +73,13 @@ class EnsembleReweighting:
         if round_index == 0 or self.mu == 0:
             return
         step = self.mu * self.decay**round_index
-        for start in range(0, len(labels), self.batch_size):
-            x, y = images[start: start + self.batch_size], labels[start: start + self.batch_size]
+        for idx in iterate_batches(len(labels), self.batch_size, self.rng):
+            idx = idx.to(labels.device)
+            x, y = images[idx], labels[idx]
             with torch.no_grad():
                 per_teacher, _ = self.ensemble.teacher_outputs(x)
             w = self.weights.clone().requires_grad_(True)
-            loss = F.cross_entropy(torch.einsum("k,kbc->bc", w, per_teacher.float()), y)
+            loss = F.cross_entropy(weighted_logits(per_teacher, w[:, None].expand(-1, len(y))), y)
             (grad,) = torch.autograd.grad(loss, w)
             moved = self.weights - step * grad.sign()
             self.weights = (self.start + (moved - self.start).clamp(-1, 1)).clamp(0, 1)
@@ -104,12 +111,13 @@ def run_coboosting(ctx: ServerContext) -> MethodResult:
     """Co-Boosting: hard samples, a re-weighted ensemble, ODS, KD at T=4.
 
     A freshly initialised generator per round makes hard samples for the
-    re-weighted ensemble; each student batch is ODS-perturbed.
+    re-weighted ensemble; each student batch is ODS-perturbed. Where this differs
+    from the authors' code, and why: docs/baselines.md.
     """
     b = ctx.cfg.baseline
     rng = ctx.rng("coboosting")
     reweighting = EnsembleReweighting(ctx.ensemble, b.coboost_mu, b.coboost_mu_decay,
-                                      ctx.cfg.distill.distill_batch_size)
+                                      ctx.cfg.distill.distill_batch_size, rng)
     loss = HardSampleGeneratorLoss(b.coboost_oh, b.coboost_adv, b.coboost_hard_power,
                                    b.coboost_adv_temperature)
     recipe = GeneratorRecipe(loss, reweighting.per_image, optimise_noise=True,
@@ -120,7 +128,8 @@ def run_coboosting(ctx: ServerContext) -> MethodResult:
     method = GeneratorKD(
         "coboosting", synthesizer, b.coboost_temperature,
         perturbation=ods_perturbation(ctx.ensemble, reweighting, b.coboost_ods_eps, rng),
-        before_round=reweighting.update, state={"ensemble-weights": reweighting})
+        before_joining=reweighting.update, state={"ensemble-weights": reweighting},
+        passes_over_pool=True)
     result = run_generator_kd(ctx, method, rng)
     result.details["ensemble-weights"] = [round(float(w), 4) for w in reweighting.weights]
     return result

@@ -3,20 +3,23 @@
 Each round the baseline's :class:`GeneratorSynthesizer` makes one batch of
 images against the ensemble and the current student; the batch joins a pool,
 and the student is distilled from the ensemble on the pool for its share of
-the student steps, through the one :class:`StudentTrainer`. DENSE, Co-Boosting
+the student steps, through the one :class:`StudentTrainer`. DENSE and
+Co-Boosting make shuffled passes over the pool, their rounds' steps in
+proportion to the pool's size (the authors make one pass per round); FedFTG
+draws its batches with replacement, an even share per round. DENSE, Co-Boosting
 and FedFTG (``dense.py``, ``coboosting.py``, ``fedftg.py``) differ in their
 :class:`GeneratorRecipe` and in what happens around each round.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
-from fedmitr_core.data.batches import batches_per_epoch, random_shift
+from fedmitr_core.data.batches import batches_per_epoch, iterate_batches, random_shift
 from fedmitr_core.distill.losses import soft_kl
 from fedmitr_core.distill.trainer import StudentTrainer
 from fedmitr_core.methods.base import MethodResult, ServerContext, make_student, training_setup
@@ -31,7 +34,7 @@ from fedmitr_core.synthesis.generator_synthesis import (
 
 # ``(images, labels, round) -> images``: a change to each student batch (Co-Boosting's ODS).
 BatchPerturbation = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-# ``(images, labels, round)``: called with the whole pool before each round's student steps.
+# ``(images, labels, round)``: called with the pool before the round's new batch joins it.
 RoundHook = Callable[[torch.Tensor, torch.Tensor, int], None]
 
 
@@ -48,26 +51,38 @@ class GeneratorKD:
     """One generator-based baseline, ready to run.
 
     ``temperature`` is its KD temperature; ``perturbation`` changes each student
-    batch, ``before_round`` sees the pool before each round's steps, and
-    ``state`` names what else a checkpoint must hold (the generator always is).
-    ``student_init`` overrides ``student-init`` (FedFTG fine-tunes FedAvg).
+    batch, ``before_joining`` sees the pool after each round's synthesis and
+    before the new batch joins it (Co-Boosting re-weights the ensemble there),
+    and ``state`` names what else a checkpoint must hold (the generator always
+    is). ``student_init`` overrides ``student-init`` (FedFTG fine-tunes FedAvg).
+    ``passes_over_pool``: shuffled passes over the pool, each round's steps in
+    proportion to its pool size; otherwise batches drawn with replacement, an
+    even share of the steps per round.
     """
 
     name: str
     synthesizer: GeneratorSynthesizer
     temperature: float
     perturbation: BatchPerturbation | None = None
-    before_round: RoundHook | None = None
+    before_joining: RoundHook | None = None
     state: dict[str, Stateful] = field(default_factory=dict)
     student_init: str | None = None
+    passes_over_pool: bool = False
 
 
 def new_generator(ctx: ServerContext, conditional: bool, rng: torch.Generator
                   ) -> ImageGenerator:
-    """The generator of the configured size (conditional: FedFTG), initialised from ``rng``."""
+    """The generator of the configured size, initialised from ``rng``.
+
+    Unconditional (DENSE, Co-Boosting): pixels in [0, 1] through a Sigmoid, then the
+    dataset's normalisation, as the authors' ``Generator`` and ``Normalizer``.
+    Conditional (FedFTG): standardised channels (Tanh and affine-free batch norm).
+    """
     b = ctx.cfg.baseline
+    pixels = None if conditional else (ctx.spec.mean, ctx.spec.std)
     return ImageGenerator(b.gen_nz, ctx.spec.image_shape, b.gen_width,
-                          num_classes=ctx.spec.num_classes if conditional else 0, rng=rng)
+                          num_classes=ctx.spec.num_classes if conditional else 0, rng=rng,
+                          pixels=pixels)
 
 
 def steps_per_epoch(ctx: ServerContext) -> int:
@@ -80,13 +95,51 @@ def split_evenly(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
+def split_in_proportion(total: int, weights: list[int]) -> list[int]:
+    """``total`` split in proportion to ``weights``.
+
+    The parts with the largest remainders round up (on ties, the later ones).
+    """
+    whole = sum(weights)
+    parts = [total * w // whole for w in weights]
+    by_remainder = sorted(range(len(weights)), key=lambda i: (-(total * weights[i] % whole), -i))
+    for i in by_remainder[: total - sum(parts)]:
+        parts[i] += 1
+    return parts
+
+
+def student_steps(total: int, sizes: list[int], passes_over_pool: bool) -> list[int]:
+    """Each round's student steps: in proportion to the pool so far, or evenly."""
+    if not passes_over_pool:
+        return split_evenly(total, len(sizes))
+    pools = [sum(sizes[: r + 1]) for r in range(len(sizes))]
+    return split_in_proportion(total, pools)
+
+
+def pool_batches(n: int, batch_size: int, steps: int, passes_over_pool: bool,
+                 rng: torch.Generator) -> Iterator[torch.Tensor]:
+    """``steps`` index batches into a pool of ``n``: shuffled passes, or draws with replacement."""
+    batch_size = min(batch_size, n)
+    if not passes_over_pool:
+        for _ in range(steps):
+            yield torch.randint(n, (batch_size,), generator=rng)
+        return
+    made = 0
+    while made < steps:
+        for idx in iterate_batches(n, batch_size, rng):
+            if made == steps:
+                return
+            made += 1
+            yield idx
+
+
 def run_generator_kd(ctx: ServerContext, method: GeneratorKD, rng: torch.Generator
                      ) -> MethodResult:
     """Distil the project's student with a generator-based synthesizer, at the shared budget.
 
     ``syn-images`` images in ``gen-rounds`` rounds, and as many student steps as
-    ``distill-epochs`` epochs over ``syn-images`` images, split evenly over the
-    rounds; each step draws a batch from the pool so far (with replacement).
+    ``distill-epochs`` epochs over ``syn-images`` images, split over the rounds
+    by :func:`student_steps`; batches come from the pool so far by :func:`pool_batches`.
     """
     cfg, synth = ctx.cfg, method.synthesizer
     rounds = max(1, min(cfg.baseline.gen_rounds, cfg.inversion.syn_images))
@@ -104,15 +157,18 @@ def run_generator_kd(ctx: ServerContext, method: GeneratorKD, rng: torch.Generat
             part.load_state_dict(saved[key])
     progress = Progress(f"{method.name}: generator round", rounds - done, ctx.emit)
     sizes = split_evenly(cfg.inversion.syn_images, rounds)
-    steps = split_evenly(cfg.distill.distill_epochs * per_epoch, rounds)
+    steps = student_steps(cfg.distill.distill_epochs * per_epoch, sizes, method.passes_over_pool)
     for r in range(done, rounds):
         images, labels, parts = synth.synthesize(sizes[r], student, rng)
+        if method.before_joining is not None and pool_y:
+            method.before_joining(torch.cat(pool_x), torch.cat(pool_y), r)
         pool_x.append(images)
         pool_y.append(labels)
         x_all, y_all = torch.cat(pool_x), torch.cat(pool_y)
-        if method.before_round is not None:
-            method.before_round(x_all, y_all, r)
-        kd = sum(_student_step(ctx, method, trainer, x_all, y_all, r, rng) for _ in range(steps[r]))
+        batches = pool_batches(len(y_all), cfg.distill.distill_batch_size, steps[r],
+                               method.passes_over_pool, rng)
+        kd = sum(_student_step(ctx, method, trainer, x_all[idx.to(ctx.device)],
+                               y_all[idx.to(ctx.device)], r, rng) for idx in batches)
         progress.step(kd=kd / max(1, steps[r]), pool=float(len(y_all)), **parts)
         trainer.checkpoint_if_due(r + 1, rng, lambda x=x_all, y=y_all: {
             "pool-images": x, "pool-labels": y,
@@ -125,14 +181,11 @@ def run_generator_kd(ctx: ServerContext, method: GeneratorKD, rng: torch.Generat
 
 
 def _student_step(ctx: ServerContext, method: GeneratorKD, trainer: StudentTrainer,
-                  x_all: torch.Tensor, y_all: torch.Tensor, round_index: int,
+                  x: torch.Tensor, y: torch.Tensor, round_index: int,
                   rng: torch.Generator) -> float:
-    """One KD step on a batch drawn from the pool (with replacement); its loss."""
+    """One KD step on a batch from the pool; its loss."""
     synth, precision = method.synthesizer, ctx.cfg.runtime.precision
-    batch = min(ctx.cfg.distill.distill_batch_size, len(y_all))
-    idx = torch.randint(len(y_all), (batch,), generator=rng).to(ctx.device)
-    x = random_shift(x_all[idx], ctx.cfg.distill.live_shift, rng)
-    y = y_all[idx]
+    x = random_shift(x, ctx.cfg.distill.live_shift, rng)
     if method.perturbation is not None:
         x = method.perturbation(x, y, round_index)
     with torch.no_grad():
@@ -157,10 +210,11 @@ def class_prior_sampler(label_counts: torch.Tensor) -> LabelSampler:
     return sample
 
 
-def uniform_sampler(num_classes: int) -> LabelSampler:
-    """Labels drawn uniformly over the classes."""
+def uniform_sampler(num_classes: int, sort: bool = False) -> LabelSampler:
+    """Labels drawn uniformly over the classes (sorted, as DENSE's authors do, if ``sort``)."""
 
     def sample(n: int, rng: torch.Generator) -> torch.Tensor:
-        return torch.randint(num_classes, (n,), generator=rng)
+        labels = torch.randint(num_classes, (n,), generator=rng)
+        return labels.sort().values if sort else labels
 
     return sample

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
+
+from fedmitr_core.data.datasets import normalise
 
 
 def _upsamplings(image_size: int) -> int:
@@ -19,10 +23,14 @@ class ImageGenerator(nn.Module):
     """DCGAN-style generator of images in the models' normalised input space.
 
     A linear layer maps the noise to a small feature map, then ×2 upsampling,
-    3×3 convolutions, batch norm and LeakyReLU grow it to the image size; a Tanh
-    and a last affine-free batch norm leave every channel standardised, as the
-    inputs the teachers were trained on. (DENSE's authors end with a Sigmoid
-    and a fixed normalisation instead.)
+    3×3 convolutions, batch norm and LeakyReLU grow it to the image size. Two
+    endings, after the authors' generators:
+
+    - ``pixels`` given (DENSE, Co-Boosting): a Sigmoid makes pixels in [0, 1], and
+      :meth:`to_inputs` normalises them with the dataset's fixed mean and std;
+    - ``pixels=None`` (FedFTG, conditional): a Tanh and an affine-free batch norm
+      leave every channel standardised over the batch (the conditional generator
+      of the Co-Boosting/DFAD code); :meth:`to_inputs` is the identity.
 
     Parameters
     ----------
@@ -37,10 +45,14 @@ class ImageGenerator(nn.Module):
         label is concatenated to the noise.
     rng
         Seeds the initial weights (the global random state when ``None``).
+    pixels
+        ``(mean, std)`` per channel of the models' input normalisation: the
+        generator then outputs pixels in [0, 1].
     """
 
     def __init__(self, nz: int, image_shape: tuple[int, int, int], width: int = 64,
-                 num_classes: int = 0, rng: torch.Generator | None = None) -> None:
+                 num_classes: int = 0, rng: torch.Generator | None = None,
+                 pixels: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
         super().__init__()
         channels, size, _ = image_shape
         ups = _upsamplings(size)
@@ -57,9 +69,17 @@ class ImageGenerator(nn.Module):
             blocks += [nn.Upsample(scale_factor=2), nn.Conv2d(c, out, 3, padding=1, bias=False),
                        nn.BatchNorm2d(out), nn.LeakyReLU(0.2, inplace=True)]
             c = out
-        blocks += [nn.Conv2d(c, channels, 3, padding=1), nn.Tanh(),
-                   nn.BatchNorm2d(channels, affine=False)]
+        blocks.append(nn.Conv2d(c, channels, 3, padding=1))
+        if pixels is None:
+            blocks += [nn.Tanh(), nn.BatchNorm2d(channels, affine=False)]
+        else:
+            blocks.append(nn.Sigmoid())
         self.body = nn.Sequential(*blocks)
+        self.outputs_pixels = pixels is not None
+        mean, std = pixels if pixels is not None else ((0.0,) * channels, (1.0,) * channels)
+        # Not in the state dict: a checkpoint holds the trained weights only.
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32), persistent=False)
+        self.register_buffer("std", torch.tensor(std, dtype=torch.float32), persistent=False)
         reset_weights(self, rng)
 
     def forward(self, z: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -69,6 +89,10 @@ class ImageGenerator(nn.Module):
             z = torch.cat([z, self.embed(labels)], dim=1)
         h = self.project(z).view(z.shape[0], self.seed_channels, self.seed_side, self.seed_side)
         return self.body(h)
+
+    def to_inputs(self, raw: torch.Tensor) -> torch.Tensor:
+        """The models' inputs from :meth:`forward`'s output (normalised pixels, or as is)."""
+        return normalise(raw, self.mean, self.std) if self.outputs_pixels else raw
 
 
 def reset_weights(net: nn.Module, rng: torch.Generator | None = None) -> None:

@@ -24,14 +24,33 @@ from fedmitr_core.synthesis.generator import ImageGenerator, reset_weights
 TeacherWeights = Callable[[torch.Tensor], torch.Tensor]
 # ``(batch size, rng) -> labels``.
 LabelSampler = Callable[[int, torch.Generator], torch.Tensor]
+# ``(generator output, rng) -> augmented output``: what the teachers see (DENSE's crop and flip).
+Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+def weighted_logits(per_teacher: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``Σ_k w_kb f_k(x_b) / Σ_k w_kb``: logits ``(K, B, C)`` combined with weights ``(K, B)``.
+
+    Dividing by the weights' sum (as Co-Boosting's ``WEnsemble`` does) makes the
+    result invariant to scaling every weight, so a weight update cannot lower a
+    loss by sharpening the logits.
+    """
+    w = weights.to(per_teacher.device, torch.float32)
+    total = w.sum(dim=0).clamp_min(1e-12)
+    return torch.einsum("kb,kbc->bc", w, per_teacher.float()) / total[:, None]
 
 
 def combined_logits(ensemble: TeacherEnsemble, images: torch.Tensor, weights: torch.Tensor,
                     precision: str = "auto") -> torch.Tensor:
-    """``Σ_k w_kb · f_k(x_b)``: the teachers' logits combined with weights ``(K, B)``."""
+    """The teachers' logits on ``images`` combined by :func:`weighted_logits`."""
     with autocast(ensemble.device, precision):
         logits, _ = ensemble.teacher_outputs(images)
-    return torch.einsum("kb,kbc->bc", weights.to(logits.device), logits.float())
+    return weighted_logits(logits, weights)
+
+
+def eight_bit(pixels: torch.Tensor) -> torch.Tensor:
+    """Pixels in [0, 1] truncated to 8 bits, as DENSE's and Co-Boosting's PNG pool stores them."""
+    return torch.floor(pixels.clamp(0, 1) * 255) / 255
 
 
 @dataclass(frozen=True)
@@ -49,23 +68,26 @@ class GeneratorRecipe:
         Keep one noise batch and optimise it with the generator (DENSE,
         Co-Boosting) instead of drawing fresh noise every step (FedFTG).
     reset_each_round
-        Re-initialise the generator before every batch (Co-Boosting).
+        Re-initialise the generator before every batch (DENSE, Co-Boosting).
     label_sampler
-        Draws the batch's target labels; ``None``: the labels are the weighted
-        ensemble's predictions on the kept images (DENSE's unconditional generator).
+        Draws the batch's target labels.
+    augment
+        Applied to the generator's output before the teachers and the student
+        see it (DENSE's crop and flip); the pool keeps the images unaugmented.
     betas
         Adam's betas on the generator (and the noise).
     grad_clip
-        Max gradient norm of the generator's parameters.
+        Max gradient norm of the generator's parameters (``None``: no clipping, DENSE).
     """
 
     loss: nn.Module
     teacher_weights: TeacherWeights
     optimise_noise: bool
     reset_each_round: bool
-    label_sampler: LabelSampler | None
+    label_sampler: LabelSampler
+    augment: Augmentation | None = None
     betas: tuple[float, float] = (0.5, 0.999)
-    grad_clip: float = 10.0
+    grad_clip: float | None = 10.0
 
 
 class GeneratorSynthesizer:
@@ -93,19 +115,18 @@ class GeneratorSynthesizer:
         self.steps, self.lr = settings.gen_steps, settings.gen_lr
         self.precision = precision
 
-    def _labels(self, batch_size: int, rng: torch.Generator) -> torch.Tensor:
-        if self.recipe.label_sampler is None:  # placeholders: the ensemble's predictions follow
-            return torch.zeros(batch_size, dtype=torch.long)
-        return self.recipe.label_sampler(batch_size, rng)
-
     def synthesize(self, batch_size: int, student: nn.Module, rng: torch.Generator
                    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """One batch: the images of the lowest-loss step, their labels and loss parts."""
+        """One batch: the images of the lowest-loss step, their labels and loss parts.
+
+        The images are the models' inputs; a pixel generator's are first truncated
+        to 8 bits, as the authors' pool stores them.
+        """
         device, g, recipe = self.ensemble.device, self.net, self.recipe
         if recipe.reset_each_round:
             reset_weights(g, rng)
         g.train()
-        labels = self._labels(batch_size, rng).to(device)
+        labels = recipe.label_sampler(batch_size, rng).to(device)
         noise = torch.randn(batch_size, g.nz, generator=rng).to(device)
         params: list[torch.Tensor] = list(g.parameters())
         if recipe.optimise_noise:
@@ -114,26 +135,26 @@ class GeneratorSynthesizer:
         opt = torch.optim.Adam(params, lr=self.lr, betas=recipe.betas)
         student_was_training = student.training
         student.eval().requires_grad_(False)
-        best, best_images, best_teacher, best_parts = float("inf"), None, None, {}
+        best, best_raw, best_parts = float("inf"), None, {}
         try:
             for _ in range(self.steps):
                 z = noise if recipe.optimise_noise else torch.randn(
                     batch_size, g.nz, generator=rng).to(device)
-                images = g(z, labels if g.num_classes > 0 else None)
-                teacher = combined_logits(self.ensemble, images, recipe.teacher_weights(labels),
+                raw = g(z, labels if g.num_classes > 0 else None)
+                seen = g.to_inputs(recipe.augment(raw, rng) if recipe.augment else raw)
+                teacher = combined_logits(self.ensemble, seen, recipe.teacher_weights(labels),
                                           self.precision)
-                loss, parts = recipe.loss(teacher, student(images), labels, images, z)
+                loss, parts = recipe.loss(teacher, student(seen), labels, seen, z)
                 check_finite(loss, "generator step")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-                nn.utils.clip_grad_norm_(g.parameters(), recipe.grad_clip)
+                if recipe.grad_clip is not None:
+                    nn.utils.clip_grad_norm_(g.parameters(), recipe.grad_clip)
                 opt.step()
                 if float(loss.detach()) < best:
-                    best, best_parts = float(loss.detach()), parts
-                    best_images, best_teacher = images.detach(), teacher.detach()
+                    best, best_parts, best_raw = float(loss.detach()), parts, raw.detach()
         finally:
             student.requires_grad_(True).train(student_was_training)
-        assert best_images is not None and best_teacher is not None
-        if recipe.label_sampler is None:  # the ensemble's prediction on the kept images
-            labels = best_teacher.argmax(dim=-1)
-        return best_images, labels, best_parts
+        assert best_raw is not None
+        images = g.to_inputs(eight_bit(best_raw) if g.outputs_pixels else best_raw)
+        return images, labels, best_parts

@@ -71,12 +71,13 @@ def diversity_loss(noise: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
 
 
 class DenseGeneratorLoss(nn.Module):
-    """DENSE's generator loss.
+    """DENSE's generator loss (``AdvSynthesizer.synthesize`` in the authors' code).
 
-    ``oh_weight · CE(t, argmax t) − adv_weight · mean(agree · KL(t ‖ s))``: images
-    the ensemble classifies confidently, on which the student still agrees with
-    the ensemble but as far from it as possible (the adversarial term counts
-    only samples whose argmax the student shares).
+    ``oh_weight · CE(t, y) − adv_weight · mean(disagree · KL(t ‖ s))``: images the
+    ensemble assigns to the sampled labels ``y``, and, where the student's argmax
+    differs from the ensemble's, as far from the student as possible (the
+    authors' mask ``s.argmax != t.argmax``). Their BN-statistics term has nothing
+    to match in a ViT.
     """
 
     def __init__(self, oh_weight: float, adv_weight: float) -> None:
@@ -86,10 +87,9 @@ class DenseGeneratorLoss(nn.Module):
     def forward(self, teacher_logits: torch.Tensor, student_logits: torch.Tensor,
                 labels: torch.Tensor, images: torch.Tensor, noise: torch.Tensor
                 ) -> tuple[torch.Tensor, dict[str, float]]:
-        pseudo = teacher_logits.argmax(dim=-1)
-        oh = F.cross_entropy(teacher_logits.float(), pseudo)
-        agree = (student_logits.argmax(dim=-1) == pseudo).float()
-        adv = -(agree * kl_per_sample(teacher_logits, student_logits)).mean()
+        oh = F.cross_entropy(teacher_logits.float(), labels)
+        disagree = (student_logits.argmax(dim=-1) != teacher_logits.argmax(dim=-1)).float()
+        adv = -(disagree * kl_per_sample(teacher_logits, student_logits)).mean()
         total = self.oh_weight * oh + self.adv_weight * adv
         return total, {"oh": float(oh.detach()), "adv": float(adv.detach())}
 
@@ -97,9 +97,10 @@ class DenseGeneratorLoss(nn.Module):
 class HardSampleGeneratorLoss(nn.Module):
     """Co-Boosting's generator loss.
 
-    ``oh_weight · mean((1 − p_y)^hard_power · CE(t, y)) − adv_weight · mean(KL_T(t ‖ s))``:
+    ``oh_weight · mean((1 − p_y)^hard_power · CE(t, y)) − adv_weight · T² · mean(KL_T(t ‖ s))``:
     cross-entropy to the sampled labels, weighted towards samples the ensemble
-    finds hard, plus the student–ensemble disagreement at ``adv_temperature``.
+    finds hard, plus the student–ensemble disagreement at ``T = adv_temperature``,
+    scaled by T² as the authors' ``dense_kldiv`` is.
     """
 
     def __init__(self, oh_weight: float, adv_weight: float, hard_power: float,
@@ -114,7 +115,8 @@ class HardSampleGeneratorLoss(nn.Module):
         ce = F.cross_entropy(teacher_logits.float(), labels, reduction="none")
         p_y = torch.softmax(teacher_logits.float(), dim=-1).gather(1, labels[:, None])[:, 0]
         oh = ((1 - p_y.detach()).pow(self.hard_power) * ce).mean()
-        adv = -kl_per_sample(teacher_logits, student_logits, self.adv_temperature).mean()
+        t = self.adv_temperature
+        adv = -t * t * kl_per_sample(teacher_logits, student_logits, t).mean()
         total = self.oh_weight * oh + self.adv_weight * adv
         return total, {"oh": float(oh.detach()), "adv": float(adv.detach())}
 

@@ -16,6 +16,18 @@ def test_generator_makes_standardised_images_of_the_model_size(size):
     assert torch.allclose(x.std(dim=(0, 2, 3)), torch.ones(3), atol=1e-2)
 
 
+def test_a_pixel_generator_makes_pixels_in_0_1_and_normalises_them_as_the_data():
+    mean, std = (0.3,), (0.2,)
+    g = ImageGenerator(nz=16, image_shape=(1, 16, 16), width=8, pixels=(mean, std))
+    raw = g(torch.randn(5, 16)).detach()
+    assert float(raw.min()) >= 0.0 and float(raw.max()) <= 1.0
+    assert torch.allclose(g.to_inputs(raw), (raw - 0.3) / 0.2)
+    assert "mean" not in g.state_dict()  # a checkpoint holds the trained weights only
+    standardised = ImageGenerator(nz=16, image_shape=(1, 16, 16), width=8)
+    x = standardised(torch.randn(5, 16)).detach()
+    assert torch.equal(standardised.to_inputs(x), x)
+
+
 def test_conditional_generator_depends_on_the_label_and_needs_it():
     g = ImageGenerator(nz=16, image_shape=(1, 16, 16), width=8, num_classes=10).eval()
     z = torch.randn(4, 16)

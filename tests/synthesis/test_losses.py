@@ -11,6 +11,7 @@ from fedmitr_core.synthesis.losses import (
     HardSampleGeneratorLoss,
     InversionLoss,
     diversity_loss,
+    kl_per_sample,
     total_variation,
 )
 
@@ -37,16 +38,36 @@ def _logits(rows):
     return torch.tensor(rows, dtype=torch.float32)
 
 
-def test_dense_adversarial_term_counts_only_agreeing_samples():
+def test_dense_adversarial_term_vanishes_where_the_student_agrees_with_the_ensemble():
     teacher = _logits([[5.0, 0.0], [0.0, 5.0]])
-    disagree = _logits([[0.0, 5.0], [5.0, 0.0]])
-    labels = torch.zeros(2, dtype=torch.long)
+    labels = torch.tensor([0, 1])
     loss = DenseGeneratorLoss(oh_weight=0.0, adv_weight=1.0)
-    total, parts = loss(teacher, disagree, labels, torch.zeros(2, 1), torch.zeros(2, 1))
+    agree_softer = _logits([[1.0, 0.0], [0.0, 1.0]])  # same argmax on every image, far in KL
+    total, parts = loss(teacher, agree_softer, labels, torch.zeros(2, 1), torch.zeros(2, 1))
     assert float(total) == 0.0 and parts["adv"] == 0.0
-    agree_far = _logits([[1.0, 0.0], [0.0, 1.0]])  # same argmax, softer
-    total, _ = loss(teacher, agree_far, labels, torch.zeros(2, 1), torch.zeros(2, 1))
-    assert float(total) < 0  # maximises the KL where student and ensemble agree
+    disagree = _logits([[0.0, 5.0], [0.0, 5.0]])  # the first image is argued, the second not
+    total, _ = loss(teacher, disagree, labels, torch.zeros(2, 1), torch.zeros(2, 1))
+    kl_first = float(kl_per_sample(teacher[:1], disagree[:1]))
+    assert float(total) == pytest.approx(-kl_first / 2)  # mean over both, only the first counts
+
+
+def test_dense_cross_entropy_pulls_towards_the_sampled_labels_not_the_ensembles_argmax():
+    teacher = _logits([[5.0, 0.0]])
+    loss = DenseGeneratorLoss(oh_weight=1.0, adv_weight=0.0)
+    towards_argmax, _ = loss(teacher, teacher, torch.tensor([0]), torch.zeros(1, 1),
+                             torch.zeros(1, 1))
+    towards_other, _ = loss(teacher, teacher, torch.tensor([1]), torch.zeros(1, 1),
+                            torch.zeros(1, 1))
+    assert float(towards_other) > 4.0 > float(towards_argmax)
+
+
+def test_coboosting_adversarial_kl_is_scaled_by_the_temperature_squared():
+    teacher, student = _logits([[3.0, 0.0, 1.0]]), _logits([[0.0, 2.0, 0.0]])
+    y = torch.zeros(1, dtype=torch.long)
+    loss = HardSampleGeneratorLoss(oh_weight=0.0, adv_weight=1.0, hard_power=1.0,
+                                   adv_temperature=3.0)
+    total, _ = loss(teacher, student, y, torch.zeros(1, 1), torch.zeros(1, 1))
+    assert float(total) == pytest.approx(-9.0 * float(kl_per_sample(teacher, student, 3.0)))
 
 
 def test_hard_sample_weighting_ignores_easy_samples():
