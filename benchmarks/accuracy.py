@@ -230,6 +230,7 @@ def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_c
         outcome.results["fedavg-rounds"] = run_rounds(
             pair_config, cfg, data, source / "uploads", num_clients, out / "runs" / name, emit)
     return {"split": split_name(split), "seed": seed, "cached": cached,
+            "torch-threads": torch.get_num_threads(),
             "client-seconds": 0.0 if cached else client_s, "results": outcome.results}
 
 

@@ -2,9 +2,11 @@
 
 The benchmark trains the clients of one (split, seed) once and reuses their
 uploads for every server method and every later run. The key covers the
-data, partition, model and client-training settings, the seed and the number
-of clients; server settings are left out on purpose, so changing a server
-method never retrains a client. Uploads go through the app's own intake
+data, partition, model and client-training settings, the seed, the number
+of clients and torch's thread count (training is bit-identical at a fixed
+thread count only: reductions split differently across threads); server
+settings are left out on purpose, so changing a server method never retrains
+a client. Uploads go through the app's own intake
 (validated, persisted as safetensors + JSON, never pickled), so a cache folder
 is laid out as a run folder: ``uploads/`` and ``upload_report.json``.
 """
@@ -17,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
+import torch
+
 from fedmitr_core.client.training import initial_model, simulate_clients
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data.datasets import DatasetSplits
@@ -25,13 +29,17 @@ from fedmitr_core.server.uploads import UploadIntake
 CLIENT_SECTIONS = ("data", "partition", "model", "client")
 
 
-def client_key(cfg: FedMITRConfig, num_clients: int) -> str:
-    """Hex digest of the settings that decide the clients' uploads."""
+def client_key(cfg: FedMITRConfig, num_clients: int, threads: int | None = None) -> str:
+    """Hex digest of the settings that decide the clients' uploads.
+
+    ``threads`` defaults to torch's current intra-op thread count.
+    """
     flat = cfg.to_flat()
     section_keys = {f.name.replace("_", "-") for s in CLIENT_SECTIONS
                     for f in fields(getattr(cfg, s))}
     relevant = {k: flat[k] for k in sorted(section_keys)}
-    relevant.update(seed=cfg.seed, num_clients=num_clients)
+    relevant.update(seed=cfg.seed, num_clients=num_clients,
+                    torch_threads=threads or torch.get_num_threads())
     blob = json.dumps(relevant, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -58,6 +66,8 @@ def cached_uploads(cfg: FedMITRConfig, num_clients: int, data: DatasetSplits,
         if problems:
             log(f"client {pid} left out of the teacher set: {'; '.join(problems)}")
     intake.write_report(**{"num-partitions": num_clients})
-    done.write_text(json.dumps({"num-clients": num_clients, "config": cfg.to_flat()},
+    done.write_text(json.dumps({"num-clients": num_clients,
+                                "torch-threads": torch.get_num_threads(),
+                                "config": cfg.to_flat()},
                                indent=1, default=str), encoding="utf-8")
     return folder, False

@@ -1,12 +1,15 @@
 """The accuracy benchmark: preset validation, the upload cache, and its tables."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from benchmarks.accuracy import load_sweep, run_benchmark, summary_table
+from benchmarks.upload_cache import client_key
 from fedmitr_core.config import SIM_CONFIGS_DIR, ConfigError, parse_config
 
 
@@ -61,12 +64,28 @@ def test_worker_processes_run_every_pair_and_fill_the_same_cache(tiny, tmp_path)
     parallel = run_benchmark(preset, workers=2, **kwargs)
     assert [(r["seed"], r["cached"]) for r in parallel] == [(0, False), (1, False)]
     assert len(list((tmp_path / "cache").iterdir())) == 2
-    again = run_benchmark(preset, **kwargs)  # one process, reading what the workers cached
+    # One process at the workers' thread count reads what they cached; at another
+    # count it trains anew (training is bit-identical at a fixed thread count only).
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // 2))
+        again = run_benchmark(preset, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
     assert all(r["cached"] for r in again)
     for a, b in zip(parallel, again, strict=True):
         assert a["results"]["ensemble"]["accuracy"] == b["results"]["ensemble"]["accuracy"]
     saved = yaml.safe_load((tmp_path / "results" / "tiny" / "results.json").read_text())
     assert [r["seed"] for r in saved["records"]] == [0, 1]
+
+
+def test_the_cache_key_separates_thread_counts_and_client_settings(tiny):
+    cfg = parse_config(tiny)
+    assert client_key(cfg, 3, threads=1) == client_key(cfg, 3, threads=1)
+    assert client_key(cfg, 3, threads=1) != client_key(cfg, 3, threads=2)
+    assert client_key(cfg, 3, threads=1) != client_key(cfg, 4, threads=1)
+    assert client_key(cfg, 3, threads=1) == client_key(parse_config({**tiny, "temperature": 2}),
+                                                       3, threads=1)
 
 
 def test_summary_table_gives_mean_and_std_over_seeds():
