@@ -15,6 +15,12 @@ mean ± std over seeds), ``val_table.md`` (the validation split, on which
 defaults are chosen), ``results.json`` (every seed), ``runs/`` (each run's
 outputs), ``accuracy.png`` and, when ``methods`` holds ``fedavg-rounds``,
 ``rounds.png`` (FedAvg accuracy against rounds, one-shot methods as lines).
+
+``--variant LABEL KEY=VALUE ...`` runs the server again on the same uploads with
+those keys changed (server keys only) and adds its methods' rows as
+``<method> (LABEL)``, e.g. ``--variant "no prior" feature-stats=false
+methods=fedmitr,deepinversion`` gives the rows ``fedmitr (no prior)`` and
+``deepinversion (no prior)``.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import numpy as np
 import torch
 import yaml
 
-from benchmarks.upload_cache import cached_uploads
+from benchmarks.upload_cache import cached_uploads, client_key
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data.datasets import DatasetSplits, load_dataset
 from fedmitr_core.progress import Emit
@@ -42,6 +48,8 @@ from fedmitr_core.server.reports import draw_rounds
 
 ROOT = Path(__file__).resolve().parent
 SWEEP_KEYS = {"num-clients", "seeds", "splits"}
+# A variant: its label and the run-config keys it changes.
+Variants = dict[str, dict[str, Any]]
 
 
 def split_name(split: dict[str, Any]) -> str:
@@ -212,9 +220,25 @@ def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, An
     return records
 
 
+def check_variants(variants: Variants, run_config: dict[str, Any]) -> None:
+    """Refuse a variant that is badly named or would change the clients' uploads."""
+    base = parse_config(run_config)
+    for label, keys in variants.items():
+        if not label.strip() or any(c in label for c in "/()"):
+            raise ConfigError(f"--variant {label!r}: a label without '/', '(' or ')' expected")
+        cfg = parse_config({**run_config, **keys})
+        if client_key(cfg, 1, threads=1) != client_key(base, 1, threads=1):
+            raise ConfigError(f"--variant {label!r}: {sorted(keys)} change the clients' "
+                              "uploads; a variant may change server keys only")
+
+
 def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_clients: int,
-             out: Path, cache_dir: Path) -> dict[str, Any]:
-    """One (split, seed): train or load the clients, run every server method; its record."""
+             out: Path, cache_dir: Path, variants: Variants | None = None) -> dict[str, Any]:
+    """One (split, seed): train or load the clients, run every server method; its record.
+
+    Each of ``variants`` runs the server again on the same uploads; its methods'
+    results join the record as ``<method> (<label>)``.
+    """
     pair_config = {**run_config, **split, "seed": seed}
     cfg: FedMITRConfig = parse_config(pair_config)
     name = f"{split_name(split)}-seed{seed}"
@@ -229,6 +253,13 @@ def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_c
     if "fedavg-rounds" in cfg.server.methods:
         outcome.results["fedavg-rounds"] = run_rounds(
             pair_config, cfg, data, source / "uploads", num_clients, out / "runs" / name, emit)
+    for label, keys in (variants or {}).items():
+        variant = parse_config({**pair_config, **keys})
+        folder = out / "runs" / f"{name}-{label.strip().replace(' ', '-')}"
+        emit(f"variant '{label}': {keys}")
+        results = run_pipeline(variant, data, folder, emit=emit, source=source).results
+        outcome.results.update({f"{m} ({label})": results[m] for m in variant.server.methods
+                                if m in results})
     return {"split": split_name(split), "seed": seed, "cached": cached,
             "torch-threads": torch.get_num_threads(),
             "client-seconds": 0.0 if cached else client_s, "results": outcome.results}
@@ -236,11 +267,12 @@ def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_c
 
 def _run_pairs(pairs: list[tuple[dict[str, Any], int]], run_config: dict[str, Any],
                num_clients: int, out: Path, cache_dir: Path, workers: int,
-               keep: Callable[[dict[str, Any]], None]) -> None:
+               keep: Callable[[dict[str, Any]], None], variants: Variants | None = None
+               ) -> None:
     """Run every (split, seed) pair, in this process or in ``workers`` processes."""
     if workers <= 1:
         for split, seed in pairs:
-            keep(run_pair(run_config, split, seed, num_clients, out, cache_dir))
+            keep(run_pair(run_config, split, seed, num_clients, out, cache_dir, variants))
         return
     threads = max(1, (os.cpu_count() or 1) // workers)
     print(f"{len(pairs)} (split, seed) pairs on {workers} worker processes, "
@@ -248,8 +280,8 @@ def _run_pairs(pairs: list[tuple[dict[str, Any], int]], run_config: dict[str, An
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads,
                              initargs=(threads,)) as pool:
-        futures = [pool.submit(run_pair, run_config, split, seed, num_clients, out, cache_dir)
-                   for split, seed in pairs]
+        futures = [pool.submit(run_pair, run_config, split, seed, num_clients, out, cache_dir,
+                               variants) for split, seed in pairs]
         for future in as_completed(futures):
             keep(future.result())
 
@@ -271,7 +303,7 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
                   splits: list[str] | None = None, overrides: dict[str, Any] | None = None,
                   tag: str = "", results_root: Path = ROOT / "results",
                   cache_dir: Path = ROOT / "cache", append: bool = False,
-                  workers: int = 1) -> list[dict[str, Any]]:
+                  workers: int = 1, variants: Variants | None = None) -> list[dict[str, Any]]:
     """Run the sweep of ``preset``; return one record per (split, seed).
 
     The keyword options are the command line's flags, one each. With ``append``
@@ -283,6 +315,8 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
     """
     run_config, sweep = load_sweep(preset)
     run_config.update(overrides or {})
+    variants = variants or {}
+    check_variants(variants, run_config)
     out = results_root / (preset.stem + (f"-{tag}" if tag else ""))
     (out / "runs").mkdir(parents=True, exist_ok=True)
     chosen = [s for s in sweep["splits"] if not splits or split_name(s) in splits]
@@ -301,12 +335,13 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
         records.append(record)
         (out / "results.json").write_text(json.dumps(
             {"preset": str(preset), "run-config": run_config,
-             "resolved-config": settings, "sweep": sweep,
+             "resolved-config": settings, "sweep": sweep, "variants": variants,
              "records": all_records()}, indent=1, default=float), encoding="utf-8")
 
     pairs = [(split, int(seed)) for split in chosen
              for seed in (seeds if seeds is not None else sweep["seeds"])]
-    _run_pairs(pairs, run_config, int(sweep["num-clients"]), out, cache_dir, workers, keep)
+    _run_pairs(pairs, run_config, int(sweep["num-clients"]), out, cache_dir, workers, keep,
+               variants)
     records = all_records()
     write_tables(records, out)
     return records
@@ -331,13 +366,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1,
                         help="(split, seed) pairs run in parallel processes (default 1); "
                              "on a small CPU, 2 single-threaded workers beat 1 with 2 threads")
+    parser.add_argument("--variant", nargs="+", action="append", default=[],
+                        metavar=("LABEL", "KEY=VALUE"),
+                        help="run the server again with these keys changed; rows "
+                             "'<method> (LABEL)' (repeatable)")
     args = parser.parse_args(argv)
+    variants = {label: parse_overrides(keys, f"--variant {label!r}")
+                for label, *keys in args.variant}
     run_benchmark(
         args.preset,
         seeds=[int(s) for s in args.seeds.split(",")] if args.seeds else None,
         splits=args.splits.split(",") if args.splits else None,
         overrides=parse_overrides(args.set, "--set"), tag=args.tag, append=args.append,
-        workers=args.workers, results_root=args.results_root,
+        workers=args.workers, results_root=args.results_root, variants=variants,
     )
 
 

@@ -61,8 +61,13 @@ def cached_uploads(cfg: FedMITRConfig, num_clients: int, data: DatasetSplits,
     for pid, update in enumerate(updates):
         metrics = {"num-examples": update.num_examples,
                    "label-counts": [int(v) for v in update.label_counts], **update.metrics}
+        stats = None
+        if update.token_stats is not None:
+            metrics["token-stats-images"] = update.token_stats.num_images
+            stats = update.token_stats.arrays()
         problems = intake.take(f"partition-{pid:04d}",
-                               {k: v.numpy() for k, v in update.state.items()}, metrics)
+                               {k: v.numpy() for k, v in update.state.items()}, metrics,
+                               token_stats=stats)
         if problems:
             log(f"client {pid} left out of the teacher set: {'; '.join(problems)}")
     intake.write_report(**{"num-partitions": num_clients})

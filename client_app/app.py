@@ -4,6 +4,12 @@ Simulated SuperNodes get ``partition-id`` / ``num-partitions`` from Flower and
 train on that partition of the run's dataset. A deployed SuperNode is started
 with ``--node-config "data-path=..."`` and trains on its own files, prepared as
 the server's train message describes (``fedmitr_core.local_data``).
+
+The reply holds the weights (ArrayRecord ``arrays``), the counts and metrics
+(MetricRecord ``metrics``) and, unless ``client-stats`` is false in the run
+config or in this node's config, the trained model's token statistics over the
+node's training images (ArrayRecord ``token-stats``: ``mean`` and ``var``,
+``(depth + 1, D)`` each; metric ``token-stats-images``).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -62,6 +69,16 @@ def _round_number(msg: Message) -> int:
     return 1
 
 
+def _share_stats(context: Context, cfg: FedMITRConfig) -> bool:
+    """``client-stats`` of this node's config if set there, else of the run config."""
+    value = context.node_config.get("client-stats", cfg.client.client_stats)
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"node config key 'client-stats': expected true or false, got {value!r}")
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train from the server's initial weights; reply with weights + label counts."""
@@ -80,9 +97,13 @@ def train(msg: Message, context: Context) -> Message:
                                 _partitions(cfg, num_partitions))
         client = partition_id
         ids = {"partition-id": partition_id, "num-partitions": num_partitions}
-    seed = client_seed(cfg.seed, client, _round_number(msg))
+    server_round = _round_number(msg)
     initial = msg.content.array_records[next(iter(msg.content.array_records))]
-    update = train_client(cfg, data, spec, initial.to_torch_state_dict(), seed=seed)
+    # Statistics serve the one-shot round's inversion; later rounds (fedavg-rounds,
+    # Flower's FedAvg, which takes one ArrayRecord per reply) never send them.
+    update = train_client(cfg, data, spec, initial.to_torch_state_dict(),
+                          seed=client_seed(cfg.seed, client, server_round),
+                          share_stats=server_round == 1 and _share_stats(context, cfg))
     acc = update.metrics["local-train-accuracy"]
     metrics = MetricRecord({
         "num-examples": update.num_examples,
@@ -91,4 +112,8 @@ def train(msg: Message, context: Context) -> Message:
         **ids,
     })
     content = RecordDict({"arrays": ArrayRecord(update.state), "metrics": metrics})
+    if update.token_stats is not None:
+        metrics["token-stats-images"] = update.token_stats.num_images
+        content["token-stats"] = ArrayRecord(
+            {k: torch.from_numpy(v) for k, v in update.token_stats.arrays().items()})
     return Message(content=content, reply_to=msg)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -35,6 +36,8 @@ LowLabel = Literal["low-tokens", "full-image"]
 StudentInit = Literal["fedavg", "scratch"]
 StudentTokens = Literal["kept", "kept-live", "all"]
 TokenHeadInit = Literal["random", "cls-head"]
+StatsTeachers = Literal["uniform", "class"]
+FallbackPrior = Literal["none", "patch-similarity"]
 # Kept equal to fedmitr_core.models.MODEL_PRESETS and fedmitr_core.methods.METHODS by tests.
 ModelName = Literal["vit-micro", "vit-tiny", "vit-small"]
 OneShotMethod = Literal["fedmitr", "deepinversion", "fedmitr-sparse", "fedmitr-relabel",
@@ -43,6 +46,8 @@ RoundMethod = Literal["fedavg-rounds"]  # needs more rounds with the clients
 MethodName = Literal[OneShotMethod, RoundMethod]
 
 SIM_CONFIGS_DIR = Path(__file__).resolve().parents[1] / "sim_configs"
+# ``feature-stats-layers``: a name or comma-separated layer indices.
+LAYER_SPEC = re.compile(r"^(all|all-but-last|\s*\d+(\s*,\s*\d+)*\s*)$")
 
 
 class ConfigError(ValueError):
@@ -116,6 +121,7 @@ class ClientConfig:
     local_lr: float = 0.002
     local_weight_decay: float = 0.05
     local_shift: int = 1
+    client_stats: bool = True
 
     def __post_init__(self) -> None:
         _check(self.local_epochs >= 1, "local-epochs", "an integer >= 1", self.local_epochs)
@@ -167,6 +173,39 @@ class InversionConfig:
                "comma-separated fractions of the iterations, each in (0, 1)", self.prune_at)
         _check(0 < self.prune_ratio < 1, "prune-ratio", "a float in (0, 1)", self.prune_ratio)
         _check(0 < self.keep_ratio <= 1, "keep-ratio", "a float in (0, 1]", self.keep_ratio)
+
+
+@dataclass(frozen=True)
+class PriorConfig:
+    """The token-statistics prior of every data-free method (DESIGN.md §9).
+
+    ``feature-stats`` turns it on or off for every method of the run;
+    ``feature-stats-weight`` weighs it in inversion (FedMITR, DeepInversion), the
+    baselines have their own weights (``dense-stats``, ``coboost-stats``,
+    ``fedftg-stats``). ``feature-stats-layers``: ``all-but-last``, ``all`` or
+    comma-separated layer indices (0: the embedding, ``i + 1``: block ``i``).
+    ``feature-stats-teachers``: each teacher's term weighted ``uniform`` or by
+    its share of the batch's target classes (``class``). ``fallback-prior``:
+    what covers the teachers without statistics (all of them when
+    ``feature-stats`` is false): ``none`` or ``patch-similarity`` (PSAQ-ViT's
+    patch-similarity entropy) at ``fallback-prior-weight``.
+    """
+
+    feature_stats: bool = True
+    feature_stats_weight: float = 3.0
+    feature_stats_layers: str = "all-but-last"
+    feature_stats_teachers: StatsTeachers = "uniform"
+    fallback_prior: FallbackPrior = "none"
+    fallback_prior_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.fallback_prior_weight >= 0, "fallback-prior-weight", "a float >= 0",
+               self.fallback_prior_weight)
+        _check(self.feature_stats_weight >= 0, "feature-stats-weight", "a float >= 0",
+               self.feature_stats_weight)
+        _check(bool(LAYER_SPEC.match(self.feature_stats_layers)), "feature-stats-layers",
+               "'all-but-last', 'all' or comma-separated layer indices (0: the embedding)",
+               self.feature_stats_layers)
 
 
 @dataclass(frozen=True)
@@ -233,6 +272,9 @@ class BaselineConfig:
     fedftg_adv: float = 1.0
     fedftg_div: float = 1.0
     fedftg_temperature: float = 1.0
+    dense_stats: float = 1.0
+    coboost_stats: float = 1.0
+    fedftg_stats: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("gen_rounds", "gen_steps", "gen_nz", "gen_width"):
@@ -243,7 +285,8 @@ class BaselineConfig:
             value = getattr(self, key)
             _check(value > 0, key.replace("_", "-"), "a float > 0", value)
         for key in ("dense_oh", "dense_adv", "coboost_oh", "coboost_adv", "coboost_hard_power",
-                    "coboost_mu", "coboost_ods_eps", "fedftg_ce", "fedftg_adv", "fedftg_div"):
+                    "coboost_mu", "coboost_ods_eps", "fedftg_ce", "fedftg_adv", "fedftg_div",
+                    "dense_stats", "coboost_stats", "fedftg_stats"):
             value = getattr(self, key)
             _check(value >= 0, key.replace("_", "-"), "a float >= 0", value)
         _check(0 < self.coboost_mu_decay <= 1, "coboost-mu-decay", "a float in (0, 1]",
@@ -315,6 +358,7 @@ class FedMITRConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     inversion: InversionConfig = field(default_factory=InversionConfig)
+    prior: PriorConfig = field(default_factory=PriorConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -336,7 +380,8 @@ class FedMITRConfig:
 
 _SECTION_ATTRS: dict[type, str] = {
     DataConfig: "data", PartitionConfig: "partition", ModelConfig: "model",
-    ClientConfig: "client", InversionConfig: "inversion", DistillConfig: "distill",
+    ClientConfig: "client", InversionConfig: "inversion", PriorConfig: "prior",
+    DistillConfig: "distill",
     BaselineConfig: "baseline", RuntimeConfig: "runtime", ServerConfig: "server",
 }
 _SECTIONS = tuple(_SECTION_ATTRS)

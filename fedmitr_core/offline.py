@@ -10,8 +10,11 @@ reboot) from what it persisted: the validated uploads, the synthetic pools,
 the last distillation checkpoints and the methods that had finished; no
 client is contacted. ``--teachers`` is the "model market" case: a folder of
 ``<name>.safetensors`` state dicts, each with a ``<name>.json`` holding its
-``label-counts``; they are validated like uploads (never unpickled) before
-the server methods run on them.
+``label-counts`` and, optionally, token statistics in
+``<name>.stats.safetensors`` (``mean``, ``var``; the json then gives
+``token-stats-images``); they are validated like uploads (never unpickled)
+before the server methods run on them. A checkpoint without statistics is
+accepted; the token-statistics prior skips it.
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ from fedmitr_core.progress import Emit
 from fedmitr_core.server.pipeline import ServerOutcome, run_pipeline
 from fedmitr_core.server.reports import mark_failed, write_config
 from fedmitr_core.server.uploads import (
+    STATS_SUFFIX,
     UPLOAD_REPORT,
     UploadIntake,
     read_upload_report,
     short_reason,
+    stats_file,
 )
 
 
@@ -99,7 +104,28 @@ def _read_published(weights: Path, folder: Path
         arrays = dict(load_file(str(weights)))
     except Exception as err:  # noqa: BLE001 - any unreadable file is rejected, not fatal
         return {}, {}, [f"{weights.name} is not a readable safetensors file: {err}"]
-    return arrays, {"label-counts": counts, "num-examples": sum(counts)}, []
+    metrics = {"label-counts": counts, "num-examples": sum(counts)}
+    # Top level in a published .json; under "metrics" in a run folder's uploads/.
+    images = meta.get("token-stats-images", (meta.get("metrics") or {}).get("token-stats-images"))
+    if images is not None:
+        metrics["token-stats-images"] = images
+    return arrays, metrics, []
+
+
+def _read_published_stats(weights: Path, folder: Path) -> dict[str, Any] | None:
+    """The checkpoint's token statistics; None when it has none, ``{}`` when unreadable.
+
+    ``{}`` is refused by the intake with a reason; the weights are still taken.
+    """
+    path = stats_file(weights)
+    if not path.exists():
+        return None
+    if not _inside(path, folder):
+        return {}
+    try:
+        return dict(load_file(str(path)))
+    except Exception:  # noqa: BLE001 - unreadable statistics are refused, not fatal
+        return {}
 
 
 def import_teachers(folder: Path, cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path,
@@ -108,7 +134,7 @@ def import_teachers(folder: Path, cfg: FedMITRConfig, data: DatasetSplits, run_d
 
     Each rejection is printed with its reason and kept in ``upload_report.json``.
     """
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(f for f in folder.glob("*.safetensors") if not f.name.endswith(STATS_SUFFIX))
     if not files:
         raise ConfigError(f"--teachers '{folder}': no *.safetensors files")
     intake = UploadIntake(run_dir, initial_model(cfg, data.spec).state_dict(),
@@ -118,9 +144,13 @@ def import_teachers(folder: Path, cfg: FedMITRConfig, data: DatasetSplits, run_d
         if problems:
             intake.reject(weights.stem, problems)
         else:
-            problems = intake.take(weights.stem, arrays, metrics)
+            problems = intake.take(weights.stem, arrays, metrics,
+                                   token_stats=_read_published_stats(weights, folder))
         if problems:
             emit(f"rejected {weights.name}: {'; '.join(intake.rejected[-1]['reasons'])}")
+        elif intake.accepted[-1]["token-stats"] != "accepted":
+            emit(f"note: {weights.name} comes without token statistics "
+                 f"({intake.accepted[-1]['token-stats']}): the prior skips it")
     report = intake.write_report(source=str(folder))
     emit(f"{len(intake.accepted)} of {len(files)} checkpoints accepted from {folder}")
     if not intake.accepted:

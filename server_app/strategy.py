@@ -173,13 +173,29 @@ class OneShotStrategy(FedAvg):
         client_id = (f"partition-{int(partition):04d}-node-{node}"
                      if _whole(partition) and 0 <= partition < MAX_PARTITIONS else f"node-{node}")
         if not problems:
-            problems = _check_size(msg, self.intake.size_limit)
+            problems = _check_size(_weights_record(msg), self.intake.size_limit)
         if not problems:
-            arrays, problems = _arrays(msg)
+            arrays, problems = _arrays(_weights_record(msg))
         if problems:
             self.intake.reject(client_id, problems, node)
             return client_id, problems
-        return client_id, self.intake.take(client_id, arrays, metrics, node)
+        stats, refusal = self._token_stats(msg)
+        return client_id, self.intake.take(client_id, arrays, metrics, node,
+                                           token_stats=stats, stats_refusal=refusal)
+
+    def _token_stats(self, msg: Message) -> tuple[dict[str, Any] | None, str]:
+        """The reply's token statistics (None if not sent), and why they were refused.
+
+        Too large a record is refused before it is decoded; the weights are
+        still taken either way.
+        """
+        record = msg.content.array_records.get(STATS_RECORD)
+        if record is None:
+            return None, ""
+        problems = _check_size(record, self.intake.stats_size_limit)
+        if not problems:
+            arrays, problems = _arrays(record)
+        return (None, "; ".join(problems)) if problems else (arrays, "")
 
     def receive_uploads(self, replies: Iterable[Message]) -> dict[str, Any]:
         """Take in every reply not seen yet; write and return the account of all of them."""
@@ -228,17 +244,29 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+STATS_RECORD = "token-stats"
+
+
 def _metrics(msg: Message) -> tuple[dict[str, Any], list[str]]:
-    """A reply's metrics, and why the reply cannot be read if it cannot."""
+    """A reply's metrics, and why the reply cannot be read if it cannot.
+
+    A reply holds one MetricRecord and the weights' ArrayRecord, and may add
+    the ArrayRecord ``token-stats``.
+    """
     content = msg.content
-    if len(content.array_records) != 1 or len(content.metric_records) != 1:
-        return {}, ["reply must hold exactly one ArrayRecord and one MetricRecord"]
+    weights = [k for k in content.array_records if k != STATS_RECORD]
+    if len(weights) != 1 or len(content.metric_records) != 1:
+        return {}, ["reply must hold exactly one MetricRecord and one ArrayRecord of weights "
+                    f"(and optionally the ArrayRecord '{STATS_RECORD}')"]
     return dict(next(iter(content.metric_records.values()))), []
 
 
-def _check_size(msg: Message, limit: int) -> list[str]:
-    """Refuse a reply whose arrays hold more than ``limit`` bytes, before decoding them."""
-    record = next(iter(msg.content.array_records.values()))
+def _weights_record(msg: Message) -> ArrayRecord:
+    return next(v for k, v in msg.content.array_records.items() if k != STATS_RECORD)
+
+
+def _check_size(record: ArrayRecord, limit: int) -> list[str]:
+    """Refuse a record whose arrays hold more than ``limit`` bytes, before decoding them."""
     size = sum(len(array.data) for array in record.values())
     # Each array's serialised bytes carry a small header besides the values.
     allowance = limit + 1024 * len(record)
@@ -246,9 +274,8 @@ def _check_size(msg: Message, limit: int) -> list[str]:
         f"upload of {size} bytes exceeds the limit of {allowance} bytes (not decoded)"]
 
 
-def _arrays(msg: Message) -> tuple[dict[str, Any], list[str]]:
-    """A reply's arrays as plain numpy arrays, and why they cannot be decoded if not."""
-    record = next(iter(msg.content.array_records.values()))
+def _arrays(record: ArrayRecord) -> tuple[dict[str, Any], list[str]]:
+    """A record's arrays as plain numpy arrays, and why they cannot be decoded if not."""
     try:
         return {k: v.numpy() for k, v in record.items()}, []
     except Exception as err:  # noqa: BLE001 - any undecodable array is a rejection

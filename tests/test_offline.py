@@ -93,12 +93,22 @@ def test_published_checkpoints_are_validated_and_bad_ones_left_out(published, tm
     (outside / "secret.safetensors").write_bytes(first.read_bytes())
     (market / "linked.safetensors").symlink_to(outside / "secret.safetensors")
     (market / "linked.json").write_text(json.dumps({"label-counts": [1] * 10}))
+    # A checkpoint published without token statistics is taken; the prior skips it.
+    (market / "no-stats.safetensors").write_bytes(first.read_bytes())
+    (market / "no-stats.json").write_text(json.dumps({"label-counts": [3] * 10}))
     lines = []
     out = distil_published(market, tmp_path / "run", {**tiny, **RUN, "methods": "fedavg"},
                            emit=lines.append)
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     report = metrics["uploads"]
-    assert len(report["accepted"]) == 3 and metrics["status"] == "complete"
+    assert len(report["accepted"]) == 4 and metrics["status"] == "complete"
+    # Statistics files are read with their checkpoints, never as checkpoints.
+    notes = {a["client-id"]: a["token-stats"] for a in report["accepted"]}
+    assert notes == {**{f"partition-{i:04d}": "accepted" for i in range(3)},
+                     "no-stats": "not shared"}
+    assert any(line.startswith("note: no-stats.safetensors comes without token statistics")
+               for line in lines)
+    assert metrics["token-stats"]["without"] == ["no-stats"]
     reasons = {r["client-id"]: " ".join(r["reasons"]) for r in report["rejected"]}
     assert "not a readable safetensors file" in reasons["pickled"]
     assert "no no-counts.json" in reasons["no-counts"]

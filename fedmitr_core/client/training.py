@@ -16,6 +16,7 @@ from fedmitr_core.data.batches import batches_per_epoch, iterate_batches, random
 from fedmitr_core.data.datasets import DatasetSplits, DataSpec, Split, load_dataset
 from fedmitr_core.data.partition import label_counts, partition_indices
 from fedmitr_core.models.evaluate import accuracy
+from fedmitr_core.models.token_stats import TokenStats, token_statistics
 from fedmitr_core.models.vit import load_pretrained, vit_factory
 from fedmitr_core.runtime import resolve_device, set_seed
 
@@ -28,6 +29,7 @@ class ClientUpdate:
     num_examples: int
     label_counts: np.ndarray
     metrics: dict[str, Any]
+    token_stats: TokenStats | None = None
 
 
 def initial_model(cfg: FedMITRConfig, spec: DataSpec) -> nn.Module:
@@ -94,20 +96,29 @@ def train_local(model: nn.Module, data: Split, cfg: ClientConfig, device: torch.
 
 
 def train_client(cfg: FedMITRConfig, data: Split, spec: DataSpec,
-                 initial_state: dict[str, torch.Tensor], seed: int) -> ClientUpdate:
-    """Train a local ViT from ``initial_state`` on ``data``."""
+                 initial_state: dict[str, torch.Tensor], seed: int,
+                 share_stats: bool | None = None) -> ClientUpdate:
+    """Train a local ViT from ``initial_state`` on ``data``.
+
+    With ``share_stats`` (default: run-config key ``client-stats``) the update
+    also carries the trained model's token statistics over ``data``
+    (:func:`~fedmitr_core.models.token_stats.token_statistics`).
+    """
     model = vit_factory(cfg.model, spec)()
     model.load_state_dict(initial_state)
     counts = label_counts(data.labels.numpy(), spec.num_classes)
+    stats = None
     if len(data) == 0:
         acc = float("nan")
     else:
         device = resolve_device("cpu" if cfg.runtime.device == "cpu" else "auto")
         acc = train_local(model, data, cfg.client, device, seed)
+        if cfg.client.client_stats if share_stats is None else share_stats:
+            stats = token_statistics(model, data.images, device=device)
     return ClientUpdate(
         state={k: v.detach().cpu() for k, v in model.state_dict().items()},
         num_examples=int(len(data)), label_counts=counts,
-        metrics={"local-train-accuracy": acc},
+        metrics={"local-train-accuracy": acc}, token_stats=stats,
     )
 
 

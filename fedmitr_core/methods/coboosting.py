@@ -24,6 +24,7 @@ from fedmitr_core.synthesis.generator_synthesis import (
     weighted_logits,
 )
 from fedmitr_core.synthesis.losses import HardSampleGeneratorLoss
+from fedmitr_core.synthesis.prior import synthesis_prior
 
 
 class EnsembleReweighting:
@@ -124,7 +125,9 @@ def run_coboosting(ctx: ServerContext) -> MethodResult:
                              reset_each_round=True,
                              label_sampler=uniform_sampler(ctx.spec.num_classes))
     synthesizer = GeneratorSynthesizer(new_generator(ctx, conditional=False, rng=rng),
-                                       ctx.ensemble, recipe, b, ctx.cfg.runtime.precision)
+                                       ctx.ensemble, recipe, b, ctx.cfg.runtime.precision,
+                                       synthesis_prior(ctx.ensemble, ctx.cfg.prior,
+                                                       b.coboost_stats))
     method = GeneratorKD(
         "coboosting", synthesizer, b.coboost_temperature,
         perturbation=ods_perturbation(ctx.ensemble, reweighting, b.coboost_ods_eps, rng),

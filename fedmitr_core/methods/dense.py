@@ -14,6 +14,7 @@ from fedmitr_core.methods.generator_kd import (
 )
 from fedmitr_core.synthesis.generator_synthesis import GeneratorRecipe, GeneratorSynthesizer
 from fedmitr_core.synthesis.losses import DenseGeneratorLoss
+from fedmitr_core.synthesis.prior import synthesis_prior
 
 
 def run_dense(ctx: ServerContext) -> MethodResult:
@@ -43,6 +44,8 @@ def run_dense(ctx: ServerContext) -> MethodResult:
                              label_sampler=uniform_sampler(ctx.spec.num_classes, sort=True),
                              augment=global_view, grad_clip=None)
     synthesizer = GeneratorSynthesizer(new_generator(ctx, conditional=False, rng=rng),
-                                       ctx.ensemble, recipe, b, ctx.cfg.runtime.precision)
+                                       ctx.ensemble, recipe, b, ctx.cfg.runtime.precision,
+                                       synthesis_prior(ctx.ensemble, ctx.cfg.prior,
+                                                       b.dense_stats))
     return run_generator_kd(ctx, GeneratorKD("dense", synthesizer, b.dense_temperature,
                                              passes_over_pool=True), rng)

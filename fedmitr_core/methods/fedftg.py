@@ -13,6 +13,7 @@ from fedmitr_core.methods.generator_kd import (
 )
 from fedmitr_core.synthesis.generator_synthesis import GeneratorRecipe, GeneratorSynthesizer
 from fedmitr_core.synthesis.losses import ConditionalGeneratorLoss
+from fedmitr_core.synthesis.prior import synthesis_prior
 
 
 def run_fedftg(ctx: ServerContext) -> MethodResult:
@@ -33,6 +34,8 @@ def run_fedftg(ctx: ServerContext) -> MethodResult:
                              ctx.ensemble.target_weights, optimise_noise=False,
                              reset_each_round=False, label_sampler=class_prior_sampler(counts))
     synthesizer = GeneratorSynthesizer(new_generator(ctx, conditional=True, rng=rng),
-                                       ctx.ensemble, recipe, b, ctx.cfg.runtime.precision)
+                                       ctx.ensemble, recipe, b, ctx.cfg.runtime.precision,
+                                       synthesis_prior(ctx.ensemble, ctx.cfg.prior,
+                                                       b.fedftg_stats))
     method = GeneratorKD("fedftg", synthesizer, b.fedftg_temperature, student_init="fedavg")
     return run_generator_kd(ctx, method, rng)

@@ -23,6 +23,7 @@ from fedmitr_core.models.evaluate import predict_logits
 from fedmitr_core.server.state import load_pool, save_pool
 from fedmitr_core.synthesis.inversion import ModelInverter
 from fedmitr_core.synthesis.pool import SyntheticPool
+from fedmitr_core.synthesis.prior import synthesis_prior
 
 
 def inversion_pool(ctx: ServerContext, name: str, sparse: bool, rng: torch.Generator
@@ -42,7 +43,9 @@ def inversion_pool(ctx: ServerContext, name: str, sparse: bool, rng: torch.Gener
     cfg = ctx.cfg
     inverter = ModelInverter(ctx.ensemble, cfg.inversion, ctx.spec, cfg.model.patch_size,
                              sparse=sparse, label_temperature=cfg.distill.temperature,
-                             precision=cfg.runtime.precision)
+                             precision=cfg.runtime.precision,
+                             prior=synthesis_prior(ctx.ensemble, cfg.prior,
+                                               cfg.prior.feature_stats_weight))
     kind = "sparse" if sparse else "dense"
     pool = inverter.synthesize_pool(cfg.inversion.syn_images, cfg.inversion.syn_batch_size,
                                     ctx.spec.num_classes, rng,

@@ -9,8 +9,13 @@ forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from timm.models.vision_transformer import Block, VisionTransformer
+
+# Per layer: the kept patch tokens ``(B, n, D)`` -> a tuple of tensors.
+LayerReduce = Callable[[torch.Tensor], tuple[torch.Tensor, ...]]
 
 
 def embed_patches(vit: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
@@ -83,6 +88,54 @@ def forward_gathered(vit: VisionTransformer, images: torch.Tensor,
     x, weights = block_with_attention(vit.blocks[-1], x)
     logits = vit.forward_head(vit.norm(x))
     return logits, weights[:, :, 0, :].mean(dim=1)
+
+
+def forward_gathered_layers(vit: VisionTransformer, images: torch.Tensor,
+                            keep_idx: torch.Tensor | None, reduce: LayerReduce
+                            ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """:func:`forward_gathered`, plus ``reduce`` of the patch tokens at every layer.
+
+    ``reduce`` maps the kept patch tokens ``(B, n_keep, D)`` (prefix tokens left
+    out, in float32) after the embedding (layer 0) and after each block (layer
+    ``i + 1``) to a tuple of tensors; each comes back stacked over the layers,
+    ``(depth + 1, ...)``.
+    """
+    prefix = vit.num_prefix_tokens
+    x = gather_tokens(embed_patches(vit, images), keep_idx, prefix)
+    per_layer = [reduce(x[:, prefix:].float())]
+    for block in vit.blocks[:-1]:
+        x = block(x)
+        per_layer.append(reduce(x[:, prefix:].float()))
+    x, weights = block_with_attention(vit.blocks[-1], x)
+    per_layer.append(reduce(x[:, prefix:].float()))
+    logits = vit.forward_head(vit.norm(x))
+    stacked = tuple(torch.stack(parts) for parts in zip(*per_layer, strict=True))
+    return logits, weights[:, :, 0, :].mean(dim=1), stacked
+
+
+def token_moments(patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and population variance ``(D,)`` over every token of ``(B, n, D)``."""
+    flat = patches.flatten(0, 1)
+    mean = flat.mean(dim=0)
+    return mean, (flat - mean).pow(2).mean(dim=0)
+
+
+def forward_gathered_stats(vit: VisionTransformer, images: torch.Tensor,
+                           keep_idx: torch.Tensor | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`forward_gathered`, plus the batch's patch-token moments at every layer.
+
+    Returns
+    -------
+    logits, cls_attention
+        As :func:`forward_gathered`.
+    token_mean, token_var
+        ``(depth + 1, D)`` float32: :func:`token_moments` of the kept patch tokens
+        after the embedding (layer 0) and after each block (layer ``i + 1``).
+    """
+    logits, attention, (mean, var) = forward_gathered_layers(vit, images, keep_idx,
+                                                             token_moments)
+    return logits, attention, mean, var
 
 
 def all_patch_indices(batch: int, num_patches: int, device: torch.device | str

@@ -13,7 +13,8 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 from torch.utils.checkpoint import checkpoint
 
-from fedmitr_core.models.tokens import forward_gathered
+from fedmitr_core.models.token_stats import TokenStats
+from fedmitr_core.models.tokens import LayerReduce, forward_gathered, forward_gathered_layers
 
 Form = Literal["loop", "vmap"]
 
@@ -25,6 +26,7 @@ class TeacherSet:
     models: list[VisionTransformer]
     label_counts: np.ndarray  # (K, C)
     client_ids: list[str] = field(default_factory=list)
+    token_stats: list[TokenStats | None] = field(default_factory=list)  # [] or one per model
 
     @property
     def num_examples(self) -> np.ndarray:
@@ -64,8 +66,9 @@ def select_teachers(teachers: TeacherSet, per_class: int) -> TeacherSet:
         chosen.update(holders[np.argsort(-counts[holders, c], kind="stable")[:per_class]].tolist())
     keep = sorted(chosen)
     ids = [teachers.client_ids[k] for k in keep] if teachers.client_ids else []
+    stats = [teachers.token_stats[k] for k in keep] if teachers.token_stats else []
     return TeacherSet(models=[teachers.models[k] for k in keep], label_counts=counts[keep],
-                      client_ids=ids)
+                      client_ids=ids, token_stats=stats)
 
 
 def auto_form(device: torch.device) -> Form:
@@ -86,6 +89,17 @@ def class_weights(label_counts: np.ndarray) -> torch.Tensor:
     return torch.where(totals > 0, counts / totals.clamp_min(1.0), uniform)
 
 
+Outputs = tuple[torch.Tensor, ...]
+
+
+def _gathered(vit: VisionTransformer, images: torch.Tensor, keep_idx: torch.Tensor | None,
+              reduce: LayerReduce | None) -> Outputs:
+    if reduce is None:
+        return forward_gathered(vit, images, keep_idx)
+    logits, attention, per_layer = forward_gathered_layers(vit, images, keep_idx, reduce)
+    return logits, attention, *per_layer
+
+
 class _GatheredViT(nn.Module):
     """Module whose forward is the token-gather forward (for ``functional_call``)."""
 
@@ -93,9 +107,9 @@ class _GatheredViT(nn.Module):
         super().__init__()
         self.vit = vit
 
-    def forward(self, images: torch.Tensor, keep_idx: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        return forward_gathered(self.vit, images, keep_idx)
+    def forward(self, images: torch.Tensor, keep_idx: torch.Tensor | None,
+                reduce: LayerReduce | None = None) -> Outputs:
+        return _gathered(self.vit, images, keep_idx, reduce)
 
 
 class TeacherEnsemble:
@@ -138,38 +152,68 @@ class TeacherEnsemble:
         self._stacks = [stack_module_state(wrapped[a:b]) for a, b in self._bounds]
         self._base = copy.deepcopy(wrapped[0]).to("meta")
         self.form: Form = form if form in ("loop", "vmap") else auto_form(device)
+        self.token_stats: list[TokenStats | None] = \
+            list(teachers.token_stats) or [None] * len(self.models)
 
     def __len__(self) -> int:
         return len(self.models)
 
-    def _vmap_chunk(self, chunk: int, images: torch.Tensor, keep_idx: torch.Tensor | None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        def call(params: dict, buffers: dict) -> tuple[torch.Tensor, torch.Tensor]:
-            return functional_call(self._base, (params, buffers), (images, keep_idx))
+    def _vmap_chunk(self, chunk: int, images: torch.Tensor, keep_idx: torch.Tensor | None,
+                    reduce: LayerReduce | None) -> Outputs:
+        def call(params: dict, buffers: dict) -> Outputs:
+            return functional_call(self._base, (params, buffers), (images, keep_idx, reduce))
 
         params, buffers = self._stacks[chunk]
         return torch.vmap(call, in_dims=(0, 0))(params, buffers)
 
-    def _loop_chunk(self, chunk: int, images: torch.Tensor, keep_idx: torch.Tensor | None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _loop_chunk(self, chunk: int, images: torch.Tensor, keep_idx: torch.Tensor | None,
+                    reduce: LayerReduce | None) -> Outputs:
         a, b = self._bounds[chunk]
-        outs = [forward_gathered(m, images, keep_idx) for m in self.models[a:b]]
-        return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+        outs = [_gathered(m, images, keep_idx, reduce) for m in self.models[a:b]]
+        return tuple(torch.stack(parts) for parts in zip(*outs, strict=True))
 
-    def _outputs(self, form: str, images: torch.Tensor, keep_idx: torch.Tensor | None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _outputs(self, form: str, images: torch.Tensor, keep_idx: torch.Tensor | None,
+                 reduce: LayerReduce | None = None) -> Outputs:
         run = self._vmap_chunk if form == "vmap" else self._loop_chunk
         if len(self._bounds) == 1:
-            return run(0, images, keep_idx)
+            return run(0, images, keep_idx, reduce)
         recompute = torch.is_grad_enabled() and images.requires_grad
-        outs = [checkpoint(run, i, images, keep_idx, use_reentrant=False) if recompute
-                else run(i, images, keep_idx) for i in range(len(self._bounds))]
-        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+        outs = [checkpoint(run, i, images, keep_idx, reduce, use_reentrant=False)
+                if recompute else run(i, images, keep_idx, reduce)
+                for i in range(len(self._bounds))]
+        return tuple(torch.cat(parts) for parts in zip(*outs, strict=True))
 
     def teacher_outputs(self, images: torch.Tensor, keep_idx: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-teacher logits ``(K, B, C)`` and CLS attention ``(K, B, prefix + n)``."""
-        return self._outputs(self.form, images, keep_idx)
+        logits, attention = self._outputs(self.form, images, keep_idx)
+        return logits, attention
+
+    def teacher_outputs_layers(self, images: torch.Tensor, keep_idx: torch.Tensor | None,
+                               reduce: LayerReduce
+                               ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """:meth:`teacher_outputs`, plus ``reduce`` of each teacher's patch tokens per layer.
+
+        Each reduced tensor is ``(K, depth + 1, ...)``, taken over the kept tokens
+        only (``forward_gathered_layers``); the priors of synthesis read them.
+        """
+        logits, attention, *per_layer = self._outputs(self.form, images, keep_idx, reduce)
+        return logits, attention, tuple(per_layer)
+
+    @property
+    def has_token_stats(self) -> torch.Tensor:
+        """``(K,)`` bool: which teachers came with token statistics."""
+        return torch.tensor([s is not None for s in self.token_stats], device=self.device)
+
+    def stats_targets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The teachers' uploaded moments ``(K, depth + 1, D)`` (zeros where missing)."""
+        present = next((s for s in self.token_stats if s is not None), None)
+        if present is None:
+            raise ValueError("no teacher came with token statistics")
+        zeros = torch.zeros_like(present.mean)
+        mean = torch.stack([s.mean if s is not None else zeros for s in self.token_stats])
+        var = torch.stack([s.var if s is not None else zeros for s in self.token_stats])
+        return mean.to(self.device), var.to(self.device)
 
     def mixture(self, logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         """Ensemble probabilities ``(B, C)`` from per-teacher logits ``(K, B, C)``."""

@@ -170,8 +170,30 @@ def build_context(teachers: TeacherSet, cfg: FedMITRConfig, data: DatasetSplits,
     log(f"ensemble of {len(ensemble)} teachers (of {len(teachers)} uploads; "
         f"teachers-per-class {cfg.server.teachers_per_class or 'all'}) on {device}, form "
         f"'{ensemble.form}'")
+    log(token_stats_note(token_stats_record(ensemble, cfg)))
     return ServerContext(teachers=teachers, ensemble=ensemble, cfg=cfg, spec=data.spec,
                          device=device, emit=emit, real_train=data.train, state_dir=state_dir)
+
+
+def token_stats_record(ensemble: TeacherEnsemble, cfg: FedMITRConfig) -> dict[str, Any]:
+    """Which teachers the token-statistics prior matches, and whether it is on at all."""
+    ids = ensemble.client_ids or [str(k) for k in range(len(ensemble))]
+    with_stats = [i for i, s in zip(ids, ensemble.token_stats, strict=True) if s is not None]
+    return {"prior": cfg.prior.feature_stats and bool(with_stats), "with": with_stats,
+            "without": [i for i in ids if i not in with_stats]}
+
+
+def token_stats_note(record: dict[str, Any]) -> str:
+    """One log line for :func:`token_stats_record`."""
+    have, total = len(record["with"]), len(record["with"]) + len(record["without"])
+    if not record["prior"]:
+        why = "no teacher sent token statistics" if not have else "feature-stats is false"
+        return f"token-statistics prior off: {why}"
+    line = f"token-statistics prior on: {have} of {total} teachers sent statistics"
+    if record["without"]:
+        shown = ", ".join(record["without"][:5]) + (" ..." if len(record["without"]) > 5 else "")
+        line += f"; it skips {shown} (none sent or refused)"
+    return line
 
 
 def score(model: Any, data: DatasetSplits, device: torch.device, seconds: float,
@@ -299,6 +321,7 @@ def write_outputs(ctx: ServerContext, run_dir: Path, results: Results,
         "seed": cfg.seed,
         "versions": _versions(),
         "uploads": upload_report,
+        "token-stats": token_stats_record(ctx.ensemble, cfg),
     })
     notes = [f"{len(teachers)} teachers, dataset {cfg.data.dataset}, "
              f"partitioner {cfg.partition.partitioner} (alpha {cfg.partition.alpha}), "

@@ -116,5 +116,7 @@ def screen_teachers(teachers: TeacherSet, outlier_ratio: float, count_cap: float
                "used": int(counts[i].sum())}
               for i, k in enumerate(keep) if counts[i].sum() != kept_counts[i].sum()]
     kept = TeacherSet(models=[teachers.models[k] for k in keep], label_counts=counts,
-                      client_ids=[ids[k] for k in keep])
+                      client_ids=[ids[k] for k in keep],
+                      token_stats=[teachers.token_stats[k] for k in keep]
+                      if teachers.token_stats else [])
     return Screening(teachers=kept, dropped=dropped, capped=capped, notes=notes)

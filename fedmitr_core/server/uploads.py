@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 
+from fedmitr_core.models.token_stats import STATS_NAMES, TokenStats
 from fedmitr_core.server.ensemble import TeacherSet
 from fedmitr_core.server.state import atomic_write
 
@@ -32,6 +33,10 @@ ArraySpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _REASON_CHARS = 300
+STATS_SUFFIX = ".stats.safetensors"
+# Far beyond any token moment a trained ViT produces, small enough that the
+# prior's squared distances stay finite in float32.
+MAX_STAT = 1e6
 
 
 def expected_spec(state: Mapping[str, Any]) -> ArraySpec:
@@ -99,6 +104,7 @@ class Upload:
     num_examples: int
     label_counts: np.ndarray
     metrics: dict[str, Any]
+    token_stats: dict[str, np.ndarray] | None = None
 
 
 def check_counts(metrics: Mapping[str, Any], num_classes: int) -> list[str]:
@@ -179,24 +185,91 @@ def validate_upload(arrays: Mapping[str, np.ndarray], metrics: Mapping[str, Any]
     return problems + check_counts(metrics, num_classes)
 
 
+def stats_shape_of(reference: Mapping[str, Any]) -> tuple[int, int]:
+    """``(depth + 1, D)``: the token-statistics shape of the ViT whose state is ``reference``."""
+    blocks = {int(k.split(".")[1]) for k in reference if k.startswith("blocks.")}
+    return len(blocks) + 1, int(reference["cls_token"].shape[-1])
+
+
+def stats_size_limit(shape: tuple[int, int]) -> int:
+    """The most bytes a token-statistics upload of ``shape`` may hold (2 float32 arrays)."""
+    return 2 * shape[0] * shape[1] * 4
+
+
+def validate_token_stats(stats: Mapping[str, Any], metrics: Mapping[str, Any],
+                         shape: tuple[int, int], num_examples: int) -> list[str]:
+    """Reasons to refuse a client's token statistics; an empty list means they are kept.
+
+    Exactly ``mean`` and ``var``, float32 arrays of ``shape``, finite and within
+    ``MAX_STAT``, variances >= 0, and ``token-stats-images`` a whole number in
+    ``[1, num-examples]``.
+    """
+    names = set(stats)
+    if names != set(STATS_NAMES):
+        return [f"token statistics must be exactly {list(STATS_NAMES)}, got "
+                f"{[_shown(k) for k in sorted(names)[:5]]}"]
+    problems: list[str] = []
+    for name in STATS_NAMES:
+        arr = stats[name]
+        if not isinstance(arr, np.ndarray):
+            problems.append(f"token statistic '{name}' is not a numeric array")
+        elif tuple(arr.shape) != shape:
+            problems.append(f"token statistic '{name}' has shape {tuple(arr.shape)}, "
+                            f"expected {shape}")
+        elif arr.dtype != np.float32:
+            problems.append(f"token statistic '{name}' has dtype {arr.dtype}, expected float32")
+        elif not np.isfinite(arr).all():
+            problems.append(f"token statistic '{name}' has NaN or Inf values")
+        elif float(np.abs(arr).max(initial=0.0)) > MAX_STAT:
+            problems.append(f"token statistic '{name}' has values up to "
+                            f"{float(np.abs(arr).max()):.3g}, beyond {MAX_STAT:.0e}")
+        elif name == "var" and float(arr.min()) < 0:
+            problems.append(f"token statistic 'var' has negative values (min {arr.min():.3g})")
+    raw = metrics.get("token-stats-images")
+    images = _count(raw)
+    if images is None or not 1 <= images <= num_examples:
+        problems.append(f"metric 'token-stats-images' must be an integer in "
+                        f"[1, num-examples={num_examples}], got {_shown(raw)}")
+    return problems
+
+
 def persist_upload(folder: Path, upload: Upload) -> Path:
-    """Write ``<folder>/<client>.safetensors`` and its ``.json`` atomically."""
+    """Write ``<folder>/<client>.safetensors`` (and ``.stats.safetensors``), then its ``.json``.
+
+    Each file is written atomically; the ``.json`` last, so an upload is only
+    ever read back whole.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     stem = _SAFE_ID.sub("_", upload.client_id)
     weights = folder / f"{stem}.safetensors"
     meta = {"client-id": upload.client_id, "num-examples": upload.num_examples,
             "label-counts": [int(v) for v in upload.label_counts],
+            "token-stats": upload.token_stats is not None,
             "metrics": {k: v for k, v in upload.metrics.items() if k != "label-counts"}}
     atomic_write(weights, lambda p: save_file(
         {k: np.ascontiguousarray(v) for k, v in upload.arrays.items()}, str(p)))
+    stats = stats_file(weights)
+    if upload.token_stats is not None:
+        atomic_write(stats, lambda p: save_file(
+            {k: np.ascontiguousarray(v) for k, v in upload.token_stats.items()}, str(p)))
+    else:
+        stats.unlink(missing_ok=True)
     atomic_write(folder / f"{stem}.json",
                   lambda p: p.write_text(json.dumps(meta, indent=1), encoding="utf-8"))
     return weights
 
 
+def stats_file(weights: Path) -> Path:
+    """Where the token statistics of the upload or checkpoint ``weights`` live."""
+    return weights.with_name(weights.name.removesuffix(".safetensors") + STATS_SUFFIX)
+
+
 def load_teacher_set(folder: Path, build_model: Callable[[], torch.nn.Module]) -> TeacherSet:
-    """Load every persisted upload in ``folder`` as a teacher (sorted by client id)."""
-    models, counts, ids = [], [], []
+    """Load every persisted upload in ``folder`` as a teacher (sorted by client id).
+
+    A teacher's token statistics come with it when its upload had them.
+    """
+    models, counts, ids, stats = [], [], [], []
     for meta_path in sorted(folder.glob("*.json")):
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         weights = meta_path.with_suffix(".safetensors")
@@ -206,10 +279,19 @@ def load_teacher_set(folder: Path, build_model: Callable[[], torch.nn.Module]) -
         models.append(model.eval())
         counts.append(meta["label-counts"])
         ids.append(meta["client-id"])
+        stats.append(_read_stats(stats_file(weights), meta) if meta.get("token-stats")
+                     else None)
     if not models:
         raise FileNotFoundError(f"no uploads (*.json + *.safetensors) in '{folder}'")
     return TeacherSet(models=models, label_counts=np.asarray(counts, dtype=np.int64),
-                      client_ids=ids)
+                      client_ids=ids, token_stats=stats)
+
+
+def _read_stats(path: Path, meta: Mapping[str, Any]) -> TokenStats:
+    arrays = load_file(str(path))
+    return TokenStats(mean=torch.from_numpy(arrays["mean"].copy()),
+                      var=torch.from_numpy(arrays["var"].copy()),
+                      num_images=int(meta["metrics"]["token-stats-images"]))
 
 
 class UploadIntake:
@@ -241,35 +323,62 @@ class UploadIntake:
         self.bounds = magnitude_bounds(reference, max_weight_ratio) if max_weight_ratio > 0 \
             else None
         self.size_limit = size_limit(self.spec)
+        self.stats_shape = stats_shape_of(reference)
+        self.stats_size_limit = stats_size_limit(self.stats_shape)
         self.accepted: list[dict[str, Any]] = []
         self.rejected: list[dict[str, Any]] = []
         self.failed: list[dict[str, Any]] = []
         self.extra: dict[str, Any] = {}
 
     def take(self, client_id: str, arrays: Mapping[str, Any], metrics: Mapping[str, Any],
-             node: int | None = None) -> list[str]:
-        """Validate one upload and persist it if good; return the reasons it was rejected."""
+             node: int | None = None, token_stats: Mapping[str, Any] | None = None,
+             stats_refusal: str = "") -> list[str]:
+        """Validate one upload and persist it if good; return the reasons it was rejected.
+
+        ``token_stats`` that fail validation (or were refused before decoding,
+        ``stats_refusal``) are dropped, not the upload: the teacher joins without
+        them (the prior skips it), and the account says why.
+        """
         try:
             problems = validate_upload(arrays, metrics, self.spec, self.num_classes,
                                        bounds=self.bounds)
         except Exception as err:  # noqa: BLE001 - a client's input never stops the server
             problems = [f"upload could not be validated: {short_reason(repr(err))}"]
-        if not problems:
-            try:
-                n = int(metrics["num-examples"])
-                persist_upload(self.folder, Upload(
-                    client_id=client_id, arrays=dict(arrays), num_examples=n,
-                    label_counts=np.asarray([int(v) for v in metrics["label-counts"]],
-                                            dtype=np.int64),
-                    metrics=dict(metrics)))
-            except Exception as err:  # noqa: BLE001
-                problems = [f"upload could not be persisted: {short_reason(repr(err))}"]
         if problems:
             self.reject(client_id, problems, node)
             return problems
-        self.accepted.append({"client-id": client_id, **_node(node), "num-examples": n})
+        n = int(metrics["num-examples"])
+        stats, stats_note = (None, short_reason(f"refused: {stats_refusal}")) if stats_refusal \
+            else self._checked_stats(token_stats, metrics, n)
+        try:
+            persist_upload(self.folder, Upload(
+                client_id=client_id, arrays=dict(arrays), num_examples=n,
+                label_counts=np.asarray([int(v) for v in metrics["label-counts"]],
+                                        dtype=np.int64),
+                metrics=dict(metrics), token_stats=stats))
+        except Exception as err:  # noqa: BLE001
+            problems = [f"upload could not be persisted: {short_reason(repr(err))}"]
+            self.reject(client_id, problems, node)
+            return problems
+        self.accepted.append({"client-id": client_id, **_node(node), "num-examples": n,
+                              "token-stats": stats_note})
         self.write_report()
         return []
+
+    def _checked_stats(self, token_stats: Mapping[str, Any] | None,
+                       metrics: Mapping[str, Any], num_examples: int
+                       ) -> tuple[dict[str, np.ndarray] | None, str]:
+        """The statistics to keep (or None) and a note for the account."""
+        if token_stats is None:
+            return None, "not shared"
+        try:
+            problems = validate_token_stats(token_stats, metrics, self.stats_shape,
+                                            num_examples)
+        except Exception as err:  # noqa: BLE001
+            problems = [f"could not be validated: {short_reason(repr(err))}"]
+        if problems:
+            return None, short_reason("refused: " + "; ".join(problems))
+        return {k: np.asarray(token_stats[k]) for k in STATS_NAMES}, "accepted"
 
     def reject(self, client_id: str, problems: list[str], node: int | None = None) -> None:
         """Record an upload refused before or by validation."""

@@ -19,6 +19,7 @@ from fedmitr_core.config import BaselineConfig
 from fedmitr_core.runtime import autocast, check_finite
 from fedmitr_core.server.ensemble import TeacherEnsemble
 from fedmitr_core.synthesis.generator import ImageGenerator, reset_weights
+from fedmitr_core.synthesis.prior import SynthesisPrior
 
 # Per-teacher weights ``(K, B)`` of each image, from its label ``(B,)``.
 TeacherWeights = Callable[[torch.Tensor], torch.Tensor]
@@ -105,15 +106,36 @@ class GeneratorSynthesizer:
         ``gen-steps`` generator updates per batch at learning rate ``gen-lr``.
     precision
         Autocast setting of the teachers' forwards.
+    prior
+        Added to the generator's loss (``None``: none;
+        ``fedmitr_core.synthesis.prior``), where the authors' code has its
+        BN-statistics term; read from the images the teachers see.
     """
 
     def __init__(self, net: ImageGenerator, ensemble: TeacherEnsemble, recipe: GeneratorRecipe,
-                 settings: BaselineConfig, precision: str = "auto") -> None:
+                 settings: BaselineConfig, precision: str = "auto",
+                 prior: SynthesisPrior | None = None) -> None:
         self.net = net.to(ensemble.device)
         self.ensemble = ensemble
         self.recipe = recipe
         self.steps, self.lr = settings.gen_steps, settings.gen_lr
         self.precision = precision
+        self.prior = prior
+
+    def _teacher_loss(self, seen: torch.Tensor, student: nn.Module, labels: torch.Tensor,
+                      z: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """The recipe's loss on ``seen`` (plus the prior, if any)."""
+        weights = self.recipe.teacher_weights(labels)
+        if self.prior is None:
+            teacher = combined_logits(self.ensemble, seen, weights, self.precision)
+            return self.recipe.loss(teacher, student(seen), labels, seen, z)
+        with autocast(self.ensemble.device, self.precision):
+            per_teacher, _, reduced = self.ensemble.teacher_outputs_layers(seen, None,
+                                                                           self.prior.reduce)
+        loss, parts = self.recipe.loss(weighted_logits(per_teacher, weights), student(seen),
+                                       labels, seen, z)
+        prior_loss, prior_parts = self.prior(reduced, self.ensemble.target_weights(labels))
+        return loss + prior_loss, {**parts, **prior_parts}
 
     def synthesize(self, batch_size: int, student: nn.Module, rng: torch.Generator
                    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
@@ -142,9 +164,7 @@ class GeneratorSynthesizer:
                     batch_size, g.nz, generator=rng).to(device)
                 raw = g(z, labels if g.num_classes > 0 else None)
                 seen = g.to_inputs(recipe.augment(raw, rng) if recipe.augment else raw)
-                teacher = combined_logits(self.ensemble, seen, recipe.teacher_weights(labels),
-                                          self.precision)
-                loss, parts = recipe.loss(teacher, student(seen), labels, seen, z)
+                loss, parts = self._teacher_loss(seen, student, labels, z)
                 check_finite(loss, "generator step")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()

@@ -22,6 +22,7 @@ from fedmitr_core.runtime import autocast, check_finite
 from fedmitr_core.server.ensemble import TeacherEnsemble
 from fedmitr_core.synthesis.losses import InversionLoss
 from fedmitr_core.synthesis.pool import SyntheticPool
+from fedmitr_core.synthesis.prior import SynthesisPrior
 
 
 def _mask_from_indices(keep_idx: torch.Tensor, num_patches: int) -> torch.Tensor:
@@ -69,11 +70,14 @@ class ModelInverter:
     precision
         ``auto`` (bf16 autocast for the teachers' forwards on CUDA), ``fp32``
         or ``bf16``.
+    prior
+        Added to the loss (``None``: none; ``fedmitr_core.synthesis.prior``), read
+        from the tokens each step's forward keeps.
     """
 
     def __init__(self, ensemble: TeacherEnsemble, settings: InversionConfig, spec: DataSpec,
                  patch_size: int, sparse: bool, label_temperature: float,
-                 precision: str = "auto") -> None:
+                 precision: str = "auto", prior: SynthesisPrior | None = None) -> None:
         self.ensemble = ensemble
         self.settings = settings
         self.image_shape = spec.image_shape
@@ -87,6 +91,7 @@ class ModelInverter:
         self.loss = InversionLoss(settings.inv_tv, settings.inv_l2, settings.inv_objective)
         self.temperature = label_temperature
         self.precision = precision
+        self.prior = prior
 
     @property
     def sparse(self) -> bool:
@@ -136,9 +141,16 @@ class ModelInverter:
         for step in range(1, s.inv_iterations + 1):
             x, idx = self._jitter(images, keep_idx, rng)
             with autocast(device, self.precision):
-                logits, attn = self.ensemble.teacher_outputs(x, idx)
+                if self.prior is None:
+                    logits, attn = self.ensemble.teacher_outputs(x, idx)
+                else:
+                    logits, attn, reduced = self.ensemble.teacher_outputs_layers(
+                        x, idx, self.prior.reduce)
             mixture = self.ensemble.mixture(logits)
             loss, parts = self.loss(logits, mixture, weights, labels, images * pixel_mask)
+            if self.prior is not None:
+                prior_loss, prior_parts = self.prior(reduced, weights)
+                loss, parts = loss + prior_loss, {**parts, **prior_parts}
             check_finite(loss, f"inversion step {step} of {s.inv_iterations}")
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -153,8 +165,9 @@ class ModelInverter:
                     _mask_from_indices(keep_idx, self.num_patches), self.grid, self.patch)
             if progress is not None:
                 on_target = float((mixture.argmax(dim=1) == labels).float().mean())
+                shown = {k: v for k, v in parts.items() if k in ("stats", "similarity")}
                 progress.step(loss=float(loss.detach()), task=parts["task"], on_target=on_target,
-                              tokens=keep_idx.shape[1])
+                              tokens=keep_idx.shape[1], **shown)
         # Patches pruned during inversion were optimised only until they were pruned:
         # blank them (0 is the dataset mean in normalised space) or keep them as they are.
         final = images * pixel_mask if s.pruned_patches == "blank" else images

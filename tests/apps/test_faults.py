@@ -119,5 +119,7 @@ def test_every_bad_upload_is_rejected_with_its_reason_and_the_run_goes_on(
     assert {"python", "torch", "timm", "numpy"} <= set(metrics["versions"])
     # Only the accepted uploads reached the disk, and nothing there is a pickle.
     files = sorted(p.name for p in (tmp_path / "r" / "uploads").iterdir())
-    assert len(files) == 4 and all(f.endswith((".safetensors", ".json")) for f in files)
+    # Per accepted upload: weights, token statistics, metadata.
+    assert len(files) == 6 and all(f.endswith((".safetensors", ".json")) for f in files)
+    assert sum(f.endswith(".stats.safetensors") for f in files) == 2
     assert 0.0 <= metrics["results"]["fedavg"]["accuracy"] <= 1.0

@@ -81,6 +81,16 @@ def nan_weights(reply: Message) -> Message:
     return _reply(reply, state, _metrics(reply))
 
 
+def oversized_stats(reply: Message) -> Message:
+    """Honest weights with a 48 MB 'token-stats' record."""
+    content = RecordDict({"arrays": ArrayRecord(_state(reply)),
+                          "metrics": MetricRecord(_metrics(reply)),
+                          "token-stats": ArrayRecord({
+                              "mean": torch.zeros(3_000_000, 4), "var": torch.zeros(4)})})
+    return Message(content=content, reply_to=Message(
+        content=RecordDict(), dst_node_id=reply.metadata.src_node_id, message_type="train"))
+
+
 def oversized(reply: Message) -> Message:
     """A valid reply plus a 48 MB array."""
     return _reply(reply, _state(reply), _metrics(reply),
@@ -103,7 +113,8 @@ def clients_train_once(monkeypatch):
             _TRAINED[pid] = real(msg, context).content
         content = _TRAINED[pid]
         return Message(content=RecordDict({
-            "arrays": ArrayRecord(content.array_records["arrays"].to_torch_state_dict()),
+            **{name: ArrayRecord(record.to_torch_state_dict())
+               for name, record in content.array_records.items()},
             "metrics": MetricRecord(dict(content.metric_records["metrics"]))}), reply_to=msg)
 
     monkeypatch.setattr(grid_module, "client_app", replaying)
@@ -206,20 +217,39 @@ def test_an_inflated_claim_on_honest_weights_is_capped(initial_arrays, tiny_run_
     assert capped[0]["used"] <= 5 * lower_median  # count-cap's default
 
 
-def test_an_oversized_reply_is_refused_before_its_arrays_are_decoded(
-        initial_arrays, tiny_run_config, tmp_path, monkeypatch):
-    decoded_sizes = []
+@pytest.fixture
+def decoded_sizes(monkeypatch):
+    """The serialised size of every array the server decodes, in order."""
+    sizes = []
     numpy = flwr.app.Array.numpy
 
     def counting(self):  # noqa: ANN001, ANN202
-        decoded_sizes.append(len(self.data))
+        sizes.append(len(self.data))
         return numpy(self)
 
     monkeypatch.setattr(flwr.app.Array, "numpy", counting)
+    return sizes
+
+
+def test_an_oversized_reply_is_refused_before_its_arrays_are_decoded(
+        initial_arrays, tiny_run_config, tmp_path, decoded_sizes):
     _, metrics = _federation(initial_arrays, tiny_run_config, tmp_path, oversized)
     assert "exceeds the limit" in _reasons(metrics) and "not decoded" in _reasons(metrics)
     assert decoded_sizes and max(decoded_sizes) < 1_000_000  # the 48 MB array never was
     assert metrics["num-teachers"] == NODES - 1
+
+
+def test_oversized_statistics_are_refused_undecoded_and_the_weights_kept(
+        initial_arrays, tiny_run_config, tmp_path, decoded_sizes):
+    _, metrics = _federation(initial_arrays, tiny_run_config, tmp_path, oversized_stats)
+    notes = {a["client-id"]: a["token-stats"] for a in metrics["uploads"]["accepted"]}
+    attacker = next(c for c in notes if "partition-0001" in c)
+    note = notes.pop(attacker)
+    assert note.startswith("refused: upload of") and "not decoded" in note
+    assert set(notes.values()) == {"accepted"}  # the honest clients' statistics
+    assert decoded_sizes and max(decoded_sizes) < 1_000_000  # the 48 MB record never was
+    assert metrics["num-teachers"] == NODES  # the attacker's weights are still a teacher
+    assert metrics["token-stats"]["without"] == [attacker]
 
 
 def test_an_honest_federation_scores_the_same_with_the_defence_on(initial_arrays,

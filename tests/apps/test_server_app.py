@@ -33,11 +33,16 @@ def test_one_round_rejects_a_bad_upload_keeps_the_others(initial_arrays, tiny_ru
 
     run_dir = tmp_path / "r"
     uploads = sorted(p.name for p in (run_dir / "uploads").glob("*.safetensors"))
-    assert len(uploads) == 2 and not any("partition-0001" in u for u in uploads)
+    weights = [u for u in uploads if not u.endswith(".stats.safetensors")]
+    assert len(weights) == 2 and not any("partition-0001" in u for u in uploads)
+    # Each accepted client's token statistics are persisted beside its weights.
+    assert sorted(set(uploads) - set(weights)) == [
+        w.replace(".safetensors", ".stats.safetensors") for w in weights]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     rejected = metrics["uploads"]["rejected"]
     assert len(rejected) == 1 and "NaN" in rejected[0]["reasons"][0]
     assert metrics["num-teachers"] == 2
+    assert metrics["token-stats"]["prior"] and len(metrics["token-stats"]["with"]) == 2
     assert {"fedmitr", "ensemble", "fedavg", "local-mean"} <= set(metrics["results"])
     for r in metrics["results"].values():
         assert 0.0 <= r["accuracy"] <= 1.0 and r["seconds"] >= 0.0
@@ -58,7 +63,7 @@ def test_too_few_valid_uploads_stops_with_a_clear_message(initial_arrays, tiny_r
     grid = InProcessGrid(run_config, num_nodes=3, tamper=_poison)
     with pytest.raises(InsufficientUploadsError, match="min-clients"):
         strategy.start(grid=grid, initial_arrays=arrays, num_rounds=1, timeout=60)
-    assert len(list((tmp_path / "r" / "uploads").glob("*.safetensors"))) == 2
+    assert len(list((tmp_path / "r" / "uploads").glob("*.json"))) == 2
 
 
 def test_each_upload_is_on_disk_as_soon_as_it_arrives(initial_arrays, tiny_run_config, tmp_path):
@@ -73,7 +78,7 @@ def test_each_upload_is_on_disk_as_soon_as_it_arrives(initial_arrays, tiny_run_c
 
     def watching_pull(ids):  # noqa: ANN001, ANN202
         on_disk_before_next_pull.append(
-            len(list((tmp_path / "r" / "uploads").glob("*.safetensors"))))
+            len(list((tmp_path / "r" / "uploads").glob("*.json"))))
         return pull(ids)
 
     grid.pull_messages = watching_pull

@@ -161,3 +161,18 @@ def test_append_keeps_earlier_records_of_the_same_run_config(tiny, tmp_path):
     config.write_text(config.read_text().replace("hi-weight: ", "hi-weight: 0.9 #"))
     with pytest.raises(ConfigError, match="'hi-weight'"):
         run_benchmark(preset, seeds=[0], splits=["iid"], append=True, **kwargs)
+
+
+def test_a_variant_reruns_the_server_on_the_same_uploads_as_extra_rows(tiny, tmp_path):
+    preset = _preset(tmp_path, {**tiny, "local-epochs": 3, "methods": "fedavg"}, SWEEP)
+    kwargs = {"results_root": tmp_path / "results", "cache_dir": tmp_path / "cache"}
+    records = run_benchmark(preset, variants={"uniform": {"weighting": "uniform"}}, **kwargs)
+    results = records[0]["results"]
+    # The same uploads: one-shot FedAvg is the same model in the variant.
+    assert results["fedavg (uniform)"]["accuracy"] == results["fedavg"]["accuracy"]
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    assert (tmp_path / "results" / "tiny" / "runs" / "dir-0.5-seed0-uniform" /
+            "metrics.json").is_file()
+    assert "| fedavg (uniform) |" in (tmp_path / "results" / "tiny" / "table.md").read_text()
+    with pytest.raises(ConfigError, match="local-epochs"):
+        run_benchmark(preset, variants={"longer": {"local-epochs": 4}}, **kwargs)

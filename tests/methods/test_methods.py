@@ -27,7 +27,8 @@ def tiny_context(tiny):
         vit.load_state_dict(u.state)
         models.append(vit.eval())
     teachers = TeacherSet(models, torch.stack([torch.as_tensor(u.label_counts)
-                                               for u in updates]).numpy())
+                                               for u in updates]).numpy(),
+                          token_stats=[u.token_stats for u in updates])
     device = torch.device("cpu")
     ctx = ServerContext(teachers=teachers, ensemble=TeacherEnsemble(teachers, "class", "loop",
                                                                     device),

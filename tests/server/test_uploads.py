@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedmitr_core.models.token_stats import token_statistics
 from fedmitr_core.models.vit import build_vit
 from fedmitr_core.server.uploads import (
     UPLOAD_REPORT,
@@ -122,7 +123,8 @@ def test_intake_persists_the_good_upload_at_once_and_accounts_for_every_one(tmp_
     report = intake.write_report(**{"num-partitions": 4})
     assert json.loads((tmp_path / UPLOAD_REPORT).read_text()) == report == \
         read_upload_report(tmp_path)
-    assert report["accepted"] == [{"client-id": "good", "node-id": 7, "num-examples": 30}]
+    assert report["accepted"] == [{"client-id": "good", "node-id": 7, "num-examples": 30,
+                                   "token-stats": "not shared"}]
     assert [r["client-id"] for r in report["rejected"]] == ["bad", "garbled"]
     assert "node-id" not in report["rejected"][0] and report["rejected"][1]["node-id"] == 9
     assert report["failed"] == [{"node-id": 11, "reason": "no reply before 'round-timeout'"}]
@@ -183,3 +185,70 @@ def test_a_failed_clients_traceback_is_kept_as_its_last_line_without_colour(tmp_
     intake.fail(3, trace)
     assert read_upload_report(tmp_path)["failed"] == [
         {"node-id": 3, "reason": "RuntimeError: CUDA out of memory"}]
+
+
+def _stats(model, n=30):
+    return token_statistics(model.eval(), torch.randn(n, 1, 16, 16)).arrays()
+
+
+def test_token_statistics_are_persisted_beside_the_weights_and_load_with_the_teacher(
+        tmp_path, model):
+    intake = UploadIntake(tmp_path, model.state_dict(), 10)
+    arrays, metrics = _good(model)
+    stats = _stats(model)
+    assert intake.take("with", arrays, {**metrics, "token-stats-images": 30},
+                       token_stats=stats) == []
+    assert intake.take("without", *_good(model)) == []
+    assert (tmp_path / "uploads" / "with.stats.safetensors").is_file()
+    assert not (tmp_path / "uploads" / "without.stats.safetensors").exists()
+    assert [a["token-stats"] for a in read_upload_report(tmp_path)["accepted"]] == \
+        ["accepted", "not shared"]
+    teachers = load_teacher_set(tmp_path / "uploads", lambda: build_vit("vit-micro", 10, 16, 1, 4))
+    assert teachers.client_ids == ["with", "without"]
+    loaded, missing = teachers.token_stats
+    assert missing is None and loaded.num_images == 30
+    np.testing.assert_array_equal(loaded.mean.numpy(), stats["mean"])
+    np.testing.assert_array_equal(loaded.var.numpy(), stats["var"])
+
+
+def _break_stats(kind, stats, metrics):
+    if kind == "negative-var":
+        stats["var"][0, 0] = -1.0
+    elif kind == "nan":
+        stats["mean"][1, 2] = np.nan
+    elif kind == "shape":
+        stats["mean"] = stats["mean"][:2]
+    elif kind == "dtype":
+        stats["var"] = stats["var"].astype(np.float64)
+    elif kind == "extra":
+        stats["images"] = np.zeros((4, 48), dtype=np.float32)
+    elif kind == "missing":
+        del stats["var"]
+    elif kind == "no-count":
+        del metrics["token-stats-images"]
+    elif kind == "more-images-than-examples":
+        metrics["token-stats-images"] = 31
+    elif kind == "not-arrays":
+        stats["mean"] = "0.5"
+    elif kind == "huge":  # finite, but its squares overflow float32
+        stats["mean"][0] = 1e30
+
+
+STATS_KINDS = ["negative-var", "nan", "shape", "dtype", "extra", "missing", "no-count",
+               "more-images-than-examples", "not-arrays", "huge"]
+
+
+@pytest.mark.parametrize("kind", STATS_KINDS)
+def test_bad_statistics_are_refused_with_a_reason_and_the_weights_kept(tmp_path, model, kind):
+    intake = UploadIntake(tmp_path, model.state_dict(), 10)
+    arrays, metrics = _good(model)
+    metrics["token-stats-images"] = 30
+    stats = _stats(model)
+    _break_stats(kind, stats, metrics)
+    assert intake.take("client", arrays, metrics, token_stats=stats) == []
+    note = read_upload_report(tmp_path)["accepted"][0]["token-stats"]
+    assert note.startswith("refused: ") and len(note) > len("refused: "), kind
+    assert (tmp_path / "uploads" / "client.safetensors").is_file()
+    assert not (tmp_path / "uploads" / "client.stats.safetensors").exists()
+    teachers = load_teacher_set(tmp_path / "uploads", lambda: build_vit("vit-micro", 10, 16, 1, 4))
+    assert teachers.token_stats == [None]
