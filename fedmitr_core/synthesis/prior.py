@@ -99,8 +99,9 @@ class FeatureStatsPrior(SynthesisPrior):
             else torch.ones_like(self.available)
         share = share * self.available
         total = share.sum()
-        # A batch of classes no reporting teacher holds: fall back to uniform.
-        return share / total if float(total) > 0 else _shares(self.available)
+        # A batch of classes no reporting teacher holds: fall back to uniform (decided
+        # on the device, no host sync in the inversion loop).
+        return torch.where(total > 0, share / total.clamp_min(1e-12), _shares(self.available))
 
     def forward(self, reduced: Reduced, target_weights: torch.Tensor
                 ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -79,6 +79,12 @@ def test_class_shares_weight_each_teacher_by_the_batchs_classes():
     torch.testing.assert_close(shares, torch.tensor([0.75, 0.25]))
     uniform = _prior(ens).teacher_shares(ens.target_weights(torch.tensor([0, 1, 2, 7])))
     torch.testing.assert_close(uniform, torch.tensor([0.5, 0.5]))
+    # Only teacher 1 reported, and the batch holds only teacher 0's classes: the
+    # reporting teachers share uniformly rather than not at all.
+    mean, var = ens.stats_targets()
+    only_one = FeatureStatsPrior(1.0, mean, var, torch.tensor([False, True]), [0], "class")
+    torch.testing.assert_close(only_one.teacher_shares(ens.target_weights(torch.tensor([0, 1]))),
+                               torch.tensor([0.0, 1.0]))
 
 
 def test_a_teachers_pull_is_bounded_by_its_share_however_far_off_its_statistics():
