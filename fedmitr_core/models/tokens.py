@@ -81,33 +81,35 @@ def forward_gathered(vit: VisionTransformer, images: torch.Tensor,
         sums to 1. Its patch part is ``cls_attention[:, prefix:]``, in the order
         of ``keep_idx``.
     """
-    prefix = vit.num_prefix_tokens
-    x = gather_tokens(embed_patches(vit, images), keep_idx, prefix)
-    for block in vit.blocks[:-1]:
-        x = block(x)
-    x, weights = block_with_attention(vit.blocks[-1], x)
-    logits = vit.forward_head(vit.norm(x))
-    return logits, weights[:, :, 0, :].mean(dim=1)
+    logits, attention, _ = forward_gathered_layers(vit, images, keep_idx, None)
+    return logits, attention
 
 
 def forward_gathered_layers(vit: VisionTransformer, images: torch.Tensor,
-                            keep_idx: torch.Tensor | None, reduce: LayerReduce
+                            keep_idx: torch.Tensor | None, reduce: LayerReduce | None
                             ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """:func:`forward_gathered`, plus ``reduce`` of the patch tokens at every layer.
 
     ``reduce`` maps the kept patch tokens ``(B, n_keep, D)`` (prefix tokens left
     out, in float32) after the embedding (layer 0) and after each block (layer
     ``i + 1``) to a tuple of tensors; each comes back stacked over the layers,
-    ``(depth + 1, ...)``.
+    ``(depth + 1, ...)``. With ``reduce=None`` nothing is reduced and the tuple
+    is empty.
     """
     prefix = vit.num_prefix_tokens
+    per_layer: list[tuple[torch.Tensor, ...]] = []
+
+    def read(tokens: torch.Tensor) -> None:
+        if reduce is not None:
+            per_layer.append(reduce(tokens[:, prefix:].float()))
+
     x = gather_tokens(embed_patches(vit, images), keep_idx, prefix)
-    per_layer = [reduce(x[:, prefix:].float())]
+    read(x)
     for block in vit.blocks[:-1]:
         x = block(x)
-        per_layer.append(reduce(x[:, prefix:].float()))
+        read(x)
     x, weights = block_with_attention(vit.blocks[-1], x)
-    per_layer.append(reduce(x[:, prefix:].float()))
+    read(x)
     logits = vit.forward_head(vit.norm(x))
     stacked = tuple(torch.stack(parts) for parts in zip(*per_layer, strict=True))
     return logits, weights[:, :, 0, :].mean(dim=1), stacked

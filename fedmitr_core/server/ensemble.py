@@ -14,7 +14,7 @@ from torch.func import functional_call, stack_module_state
 from torch.utils.checkpoint import checkpoint
 
 from fedmitr_core.models.token_stats import TokenStats
-from fedmitr_core.models.tokens import LayerReduce, forward_gathered, forward_gathered_layers
+from fedmitr_core.models.tokens import LayerReduce, forward_gathered_layers
 
 Form = Literal["loop", "vmap"]
 
@@ -94,8 +94,7 @@ Outputs = tuple[torch.Tensor, ...]
 
 def _gathered(vit: VisionTransformer, images: torch.Tensor, keep_idx: torch.Tensor | None,
               reduce: LayerReduce | None) -> Outputs:
-    if reduce is None:
-        return forward_gathered(vit, images, keep_idx)
+    """Logits, CLS attention and (with ``reduce``) the per-layer reductions, flat."""
     logits, attention, per_layer = forward_gathered_layers(vit, images, keep_idx, reduce)
     return logits, attention, *per_layer
 
