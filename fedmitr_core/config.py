@@ -462,13 +462,16 @@ def load_preset(name: str, presets_dir: Path = SIM_CONFIGS_DIR) -> dict[str, Any
 
 
 def parse_overrides(items: list[str], flag: str) -> dict[str, Any]:
-    """``key=value`` strings from a command line as a mapping (values read as YAML)."""
+    """``key=value`` strings from a command line as a mapping (values read as YAML).
+
+    ``key=`` gives the empty string (e.g. ``prune-at=``: no prune steps).
+    """
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"{flag} '{item}': expected key=value")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
     return out
 
 

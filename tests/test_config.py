@@ -12,6 +12,7 @@ from fedmitr_core.config import (
     OneShotMethod,
     default_flat_config,
     parse_config,
+    parse_overrides,
 )
 
 
@@ -121,3 +122,11 @@ def test_resume_from_needs_a_run_folder_with_uploads(tmp_path):
 def test_checkpoint_every_must_not_be_negative():
     with pytest.raises(ConfigError, match="'checkpoint-every'"):
         parse_config({"checkpoint-every": -1})
+
+
+def test_command_line_overrides_read_yaml_and_an_empty_value_is_the_empty_string():
+    overrides = parse_overrides(["prune-at=", "alpha=0.1", "methods=fedmitr,dense"], "--set")
+    assert overrides == {"prune-at": "", "alpha": 0.1, "methods": "fedmitr,dense"}
+    assert parse_config(overrides).inversion.prune_at == ()
+    with pytest.raises(ConfigError, match="'alpha0.1': expected key=value"):
+        parse_overrides(["alpha0.1"], "--set")

@@ -80,43 +80,77 @@ def _to_rgb(images: torch.Tensor) -> np.ndarray:
     return np.repeat(x, 3, axis=-1) if x.shape[-1] == 1 else x
 
 
-def plot_synthetic_grid(pool: SyntheticPool, path: Path, patch_size: int, num_classes: int,
-                        per_class: int = 4, title: str = "") -> None:
-    """Synthetic images per class (rows): L patches shaded red, pruned ones blue."""
+def class_examples(pool: SyntheticPool, num_classes: int, per_class: int) -> list[list[int]]:
+    """Indices of the first ``per_class`` images of each class (fewer where a class has fewer)."""
+    return [torch.nonzero(pool.labels == c).flatten()[:per_class].tolist()
+            for c in range(num_classes)]
+
+
+def _marked_image(pool: SyntheticPool, rgb: np.ndarray, index: int, patch_size: int,
+                  marks: bool) -> np.ndarray:
+    """One image as RGB; with ``marks``, L patches shaded red and pruned ones blue."""
+    img = rgb[index].copy()
+    if not marks:
+        return img
+    grid = pool.images.shape[-1] // patch_size
+    kept = pool.kept_mask[index].view(grid, grid).numpy()
+    high = pool.high_mask[index].view(grid, grid).numpy()
+    block = np.ones((patch_size, patch_size))
+    for mask, colour in ((kept & ~high, (1.0, 0.0, 0.0)), (~kept, (0.0, 0.2, 1.0))):
+        pix = np.kron(mask, block).astype(bool)
+        img[pix] = 0.55 * img[pix] + 0.45 * np.array(colour)
+    return img
+
+
+def plot_pool_grids(pools: dict[str, SyntheticPool], path: Path, patch_size: int,
+                    num_classes: int, per_class: int = 4, marks: bool = True,
+                    title: str = "") -> None:
+    """Synthetic images per class (rows), one block of ``per_class`` columns per pool.
+
+    Parameters
+    ----------
+    pools
+        Pools by the label printed above their block, e.g. ``{"no prior": ...,
+        "prior": ...}``: the same classes side by side.
+    marks
+        Shade low-attention (L) patches red and pruned ones blue.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    classes = list(range(min(num_classes, 20)))
-    fig, axes = plt.subplots(len(classes), per_class,
-                             figsize=(1.2 * per_class, 1.2 * len(classes)), squeeze=False)
-    rgb = _to_rgb(pool.images)
-    grid = pool.images.shape[-1] // patch_size
-    for row, c in enumerate(classes):
-        idx = torch.nonzero(pool.labels == c).flatten()[:per_class].tolist()
-        for col in range(per_class):
-            ax = axes[row][col]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if col == 0:
-                ax.set_ylabel(str(c), rotation=0, labelpad=10)
-            if col >= len(idx):
-                ax.axis("off")
-                continue
-            img = rgb[idx[col]].copy()
-            kept = pool.kept_mask[idx[col]].view(grid, grid).numpy()
-            high = pool.high_mask[idx[col]].view(grid, grid).numpy()
-            block = np.ones((patch_size, patch_size))
-            for mask, colour in ((kept & ~high, (1.0, 0.0, 0.0)), (~kept, (0.0, 0.2, 1.0))):
-                pix = np.kron(mask, block).astype(bool)
-                img[pix] = 0.55 * img[pix] + 0.45 * np.array(colour)
-            ax.imshow(img, interpolation="nearest")
+    classes = min(num_classes, 20)
+    cols = per_class * len(pools)
+    fig, axes = plt.subplots(classes, cols, figsize=(1.2 * cols, 1.2 * classes + 0.3),
+                             squeeze=False)
+    for block, (label, pool) in enumerate(pools.items()):
+        rgb = _to_rgb(pool.images)
+        for row, idx in enumerate(class_examples(pool, classes, per_class)):
+            for col in range(per_class):
+                ax = axes[row][block * per_class + col]
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if row == 0 and col == 0:
+                    ax.set_title(label, fontsize=8, loc="left")
+                if block == 0 and col == 0:
+                    ax.set_ylabel(str(row), rotation=0, labelpad=10)
+                if col >= len(idx):
+                    ax.axis("off")
+                    continue
+                ax.imshow(_marked_image(pool, rgb, idx[col], patch_size, marks),
+                          interpolation="nearest")
     fig.suptitle(title or "synthetic images per class (red: low-attention L, blue: pruned)",
                  fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_synthetic_grid(pool: SyntheticPool, path: Path, patch_size: int, num_classes: int,
+                        per_class: int = 4, title: str = "") -> None:
+    """Synthetic images per class (rows): L patches shaded red, pruned ones blue."""
+    plot_pool_grids({"": pool}, path, patch_size, num_classes, per_class, title=title)
 
 
 def plot_label_distribution(label_counts: np.ndarray, client_ids: list[str], path: Path
