@@ -192,7 +192,7 @@ class PriorConfig:
     """
 
     feature_stats: bool = True
-    feature_stats_weight: float = 3.0
+    feature_stats_weight: float = 10.0
     feature_stats_layers: str = "all-but-last"
     feature_stats_teachers: StatsTeachers = "uniform"
     fallback_prior: FallbackPrior = "none"
