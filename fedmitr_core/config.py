@@ -274,7 +274,7 @@ class BaselineConfig:
     fedftg_temperature: float = 1.0
     dense_stats: float = 1.0
     coboost_stats: float = 1.0
-    fedftg_stats: float = 0.0
+    fedftg_stats: float = 1.0
 
     def __post_init__(self) -> None:
         for key in ("gen_rounds", "gen_steps", "gen_nz", "gen_width"):
