@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from fedmitr_core.client.training import initial_model, simulate_clients
+from fedmitr_core.client.training import initial_model_load, simulate_clients
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data.datasets import DatasetSplits
 from fedmitr_core.server.uploads import UploadIntake
@@ -56,8 +56,10 @@ def cached_uploads(cfg: FedMITRConfig, num_clients: int, data: DatasetSplits,
         return folder, True
     log(f"training {num_clients} clients (cache {folder.name})")
     _, updates = simulate_clients(cfg, num_clients, data)
-    intake = UploadIntake(folder, initial_model(cfg, data.spec).state_dict(),
-                          data.spec.num_classes, cfg.server.max_weight_ratio)
+    model, pretrained = initial_model_load(cfg, data.spec)
+    log(pretrained.summary())
+    intake = UploadIntake(folder, model.state_dict(), data.spec.num_classes,
+                          cfg.server.max_weight_ratio)
     for pid, update in enumerate(updates):
         metrics = {"num-examples": update.num_examples,
                    "label-counts": [int(v) for v in update.label_counts], **update.metrics}
@@ -70,7 +72,7 @@ def cached_uploads(cfg: FedMITRConfig, num_clients: int, data: DatasetSplits,
                                token_stats=stats)
         if problems:
             log(f"client {pid} left out of the teacher set: {'; '.join(problems)}")
-    intake.write_report(**{"num-partitions": num_clients})
+    intake.write_report(**{"num-partitions": num_clients, "pretrained": pretrained.record()})
     done.write_text(json.dumps({"num-clients": num_clients,
                                 "torch-threads": torch.get_num_threads(),
                                 "config": cfg.to_flat()},

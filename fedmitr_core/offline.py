@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 from safetensors.numpy import load_file
 
-from fedmitr_core.client.training import initial_model
+from fedmitr_core.client.training import initial_model_load
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data.datasets import DatasetSplits, load_dataset
 from fedmitr_core.progress import Emit
@@ -137,8 +137,10 @@ def import_teachers(folder: Path, cfg: FedMITRConfig, data: DatasetSplits, run_d
     files = sorted(f for f in folder.glob("*.safetensors") if not f.name.endswith(STATS_SUFFIX))
     if not files:
         raise ConfigError(f"--teachers '{folder}': no *.safetensors files")
-    intake = UploadIntake(run_dir, initial_model(cfg, data.spec).state_dict(),
-                          data.spec.num_classes, cfg.server.max_weight_ratio)
+    model, pretrained = initial_model_load(cfg, data.spec)
+    emit(pretrained.summary())
+    intake = UploadIntake(run_dir, model.state_dict(), data.spec.num_classes,
+                          cfg.server.max_weight_ratio)
     for weights in files:
         arrays, metrics, problems = _read_published(weights, folder)
         if problems:
@@ -151,7 +153,7 @@ def import_teachers(folder: Path, cfg: FedMITRConfig, data: DatasetSplits, run_d
         elif intake.accepted[-1]["token-stats"] != "accepted":
             emit(f"note: {weights.name} comes without token statistics "
                  f"({intake.accepted[-1]['token-stats']}): the prior skips it")
-    report = intake.write_report(source=str(folder))
+    report = intake.write_report(source=str(folder), pretrained=pretrained.record())
     emit(f"{len(intake.accepted)} of {len(files)} checkpoints accepted from {folder}")
     if not intake.accepted:
         raise ConfigError(f"--teachers '{folder}': no valid checkpoint (reasons in "

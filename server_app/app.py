@@ -10,7 +10,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
-from fedmitr_core.client.training import initial_model
 from fedmitr_core.config import FedMITRConfig, parse_config
 from fedmitr_core.data.datasets import load_dataset
 from fedmitr_core.offline import resume_run
@@ -46,11 +45,10 @@ def main(grid: Grid, context: Context) -> None:
 
 def _one_shot(grid: Grid, cfg: FedMITRConfig, run_dir: Path) -> None:
     data = load_dataset(cfg.data, cfg.seed)
-    initial = initial_model(cfg, data.spec).state_dict()
-    strategy = OneShotStrategy(cfg, data, run_dir, initial_state=initial)
+    strategy = OneShotStrategy(cfg, data, run_dir)
     # Deployed clients read their own files and prepare them as this spec says.
     spec = ConfigRecord(data.spec.to_record())
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=1,
+    strategy.start(grid=grid, initial_arrays=ArrayRecord(strategy.initial_state), num_rounds=1,
                    timeout=cfg.server.round_timeout, train_config=spec)
     if "fedavg-rounds" in cfg.server.methods:
         add_fedavg_rounds(grid, cfg, data, run_dir, emit_log)

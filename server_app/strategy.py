@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 
-from fedmitr_core.client.training import initial_model
+from fedmitr_core.client.training import initial_model_load
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data.datasets import DatasetSplits
 from fedmitr_core.server.pipeline import ServerOutcome, run_pipeline
@@ -103,15 +103,14 @@ class OneShotStrategy(FedAvg):
     (``fedmitr_core.server.pipeline``).
     """
 
-    def __init__(self, cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path,
-                 initial_state: Mapping[str, torch.Tensor] | None = None) -> None:
+    def __init__(self, cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path) -> None:
         super().__init__(fraction_train=1.0, fraction_evaluate=0.0,
                          min_train_nodes=max(1, cfg.server.min_clients),
                          min_available_nodes=max(1, cfg.server.min_clients))
         self.cfg, self.data, self.run_dir = cfg, data, run_dir
-        reference = initial_state if initial_state is not None \
-            else initial_model(cfg, data.spec).state_dict()
-        self.intake = UploadIntake(run_dir, reference, data.spec.num_classes,
+        model, self.pretrained = initial_model_load(cfg, data.spec)
+        self.initial_state: dict[str, torch.Tensor] = model.state_dict()
+        self.intake = UploadIntake(run_dir, self.initial_state, data.spec.num_classes,
                                    cfg.server.max_weight_ratio)
         self.outcome: ServerOutcome | None = None
         self.sampled_nodes: set[int] = set()
@@ -134,7 +133,8 @@ class OneShotStrategy(FedAvg):
         run folder can be resumed whatever happens once replies come in.
         """
         write_config(self.run_dir, self.cfg.to_flat())
-        self.intake.write_report(round="open")
+        log(INFO, self.pretrained.summary())
+        self.intake.write_report(round="open", pretrained=self.pretrained.record())
         return super().start(ArrivalGrid(grid, self.accept_reply), initial_arrays,
                              num_rounds=num_rounds, timeout=timeout, **kwargs)
 

@@ -137,3 +137,35 @@ def initial_arrays() -> Callable:
         return splits, ArrayRecord(initial_model(cfg, splits.spec).state_dict())
 
     return make
+
+
+@pytest.fixture
+def timm_checkpoint_in_hf_cache(tmp_path: Path, monkeypatch) -> Callable[[str], dict]:
+    """``put(name)``: a random checkpoint of timm model ``name`` where timm's download finds it.
+
+    Written in the Hugging Face cache layout (``refs/main`` -> ``snapshots/<commit>/``)
+    of a fresh ``HF_HOME``, so ``pretrained=<name>`` runs timm's real hub path
+    offline, in this process and in the processes it starts. Returns the state dict.
+    """
+    import huggingface_hub.constants as hf
+    import timm
+    from safetensors.torch import save_file
+
+    home = tmp_path / "hf-home"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hf, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(hf, "HF_HUB_OFFLINE", True)
+
+    def put(name: str) -> dict:
+        model = timm.create_model(name, pretrained=False)
+        repo = home / "hub" / f"models--{model.pretrained_cfg['hf_hub_id'].replace('/', '--')}"
+        commit = "0" * 40
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(repo / "snapshots" / commit / "model.safetensors"))
+        return state
+
+    return put

@@ -17,7 +17,7 @@ from fedmitr_core.data.datasets import DatasetSplits, DataSpec, Split, load_data
 from fedmitr_core.data.partition import label_counts, partition_indices
 from fedmitr_core.models.evaluate import accuracy
 from fedmitr_core.models.token_stats import TokenStats, token_statistics
-from fedmitr_core.models.vit import load_pretrained, vit_factory
+from fedmitr_core.models.vit import PretrainedLoad, load_pretrained, vit_factory
 from fedmitr_core.runtime import resolve_device, set_seed
 
 
@@ -34,10 +34,14 @@ class ClientUpdate:
 
 def initial_model(cfg: FedMITRConfig, spec: DataSpec) -> nn.Module:
     """The common starting point every client trains from (seeded, maybe pretrained)."""
+    return initial_model_load(cfg, spec)[0]
+
+
+def initial_model_load(cfg: FedMITRConfig, spec: DataSpec) -> tuple[nn.Module, PretrainedLoad]:
+    """:func:`initial_model` and what loading its pretrained weights did."""
     set_seed(cfg.seed)
     model = vit_factory(cfg.model, spec)()
-    load_pretrained(model, cfg.model.pretrained)
-    return model
+    return model, load_pretrained(model, cfg.model.pretrained)
 
 
 def client_seed(seed: int, client: int, server_round: int = 1) -> int:

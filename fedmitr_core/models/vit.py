@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
-from timm.models.vision_transformer import VisionTransformer
+from timm.models._manipulate import adapt_input_conv
+from timm.models.vision_transformer import VisionTransformer, checkpoint_filter_fn
 
 from fedmitr_core.config import ModelConfig
 from fedmitr_core.data.datasets import DataSpec
@@ -52,16 +54,66 @@ def vit_factory(model: ModelConfig, spec: DataSpec) -> Callable[[], VisionTransf
                    model.patch_size)
 
 
-def load_pretrained(model: VisionTransformer, pretrained: str) -> list[str]:
-    """Load backbone weights from a local checkpoint file or a timm model name.
+@dataclass(frozen=True)
+class PretrainedLoad:
+    """What :func:`load_pretrained` did with each of the model's tensors.
 
-    Tensors whose shape does not match (the classifier head, a different patch
-    grid) are skipped; their names are returned. An empty ``pretrained`` leaves
-    the model as initialised. Names that are not files go to timm, which
-    downloads them (users' machines only).
+    ``resampled`` maps a tensor to ``"<checkpoint shape> -> <model shape>"`` (timm's
+    position-embedding and patch-embedding resampling, input-channel adaptation);
+    ``skipped`` maps each tensor that kept its initialisation to the reason.
+    """
+
+    source: str = ""
+    loaded: tuple[str, ...] = ()
+    resampled: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """What ``metrics.json`` and ``upload_report.json`` keep under ``pretrained``."""
+        return {"source": self.source, "loaded": len(self.loaded),
+                "resampled": self.resampled, "skipped": self.skipped}
+
+    def summary(self) -> str:
+        """One line for the log."""
+        if not self.source:
+            return "pretrained: none (every tensor initialised)"
+        skipped = ", ".join(f"{k} ({v})" for k, v in self.skipped.items()) or "none"
+        resampled = ", ".join(f"{k} {v}" for k, v in self.resampled.items()) or "none"
+        return (f"pretrained {self.source}: {len(self.loaded)} tensors loaded; "
+                f"resampled: {resampled}; kept initialised: {skipped}")
+
+
+def load_pretrained(model: VisionTransformer, pretrained: str) -> PretrainedLoad:
+    """Load weights from a local checkpoint file or a timm model name into ``model``.
+
+    The checkpoint goes through timm's own ViT checkpoint filter, as when timm
+    loads a checkpoint into another ``img_size``/``patch_size``: position
+    embeddings are resampled to the model's grid and the patch embedding to its
+    patch size; input channels are adapted as timm does (summed for one channel).
+    Tensors that still do not fit (a classifier head for other classes) keep their
+    initialisation and are listed in the returned report. An empty ``pretrained``
+    leaves the model as initialised. Names that are not files go to timm, which
+    downloads them (or reads the Hugging Face cache).
     """
     if not pretrained:
-        return []
+        return PretrainedLoad()
+    raw = _checkpoint_state(pretrained)
+    own = model.state_dict()
+    state = checkpoint_filter_fn(dict(raw), model)
+    key = "patch_embed.proj.weight"
+    if key in state and key in own and state[key].shape[1] != own[key].shape[1]:
+        state[key] = adapt_input_conv(own[key].shape[1], state[key])
+    usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    model.load_state_dict(usable, strict=False)
+    resampled = {k: f"{_shape(raw[k])} -> {_shape(v)}" for k, v in usable.items()
+                 if k in raw and raw[k].shape != v.shape}
+    skipped = {k: (f"checkpoint has {_shape(state[k])}, model {_shape(own[k])}"
+                   if k in state else "not in the checkpoint")
+               for k in sorted(set(own) - set(usable))}
+    return PretrainedLoad(pretrained, tuple(sorted(usable)), resampled, skipped)
+
+
+def _checkpoint_state(pretrained: str) -> dict[str, torch.Tensor]:
     path = Path(pretrained).expanduser()
     if path.suffix in (".safetensors", ".pt", ".pth", ".bin") or path.exists():
         if not path.is_file():
@@ -69,15 +121,17 @@ def load_pretrained(model: VisionTransformer, pretrained: str) -> list[str]:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
 
-            state = load_file(str(path))
-        else:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
-            state = state.get("state_dict", state) if isinstance(state, dict) else state
-    else:
-        import timm
+            return load_file(str(path))
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+        for wrapper in ("model", "state_dict"):
+            state = state.get(wrapper, state) if isinstance(state, dict) else state
+        if not isinstance(state, dict):
+            raise ValueError(f"run config key 'pretrained': '{path}' holds no state dict")
+        return state
+    import timm
 
-        state = timm.create_model(pretrained, pretrained=True).state_dict()
-    own = model.state_dict()
-    usable = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-    model.load_state_dict(usable, strict=False)
-    return sorted(set(own) - set(usable))
+    return timm.create_model(pretrained, pretrained=True).state_dict()
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "x".join(str(s) for s in t.shape)

@@ -42,6 +42,8 @@ def test_one_round_rejects_a_bad_upload_keeps_the_others(initial_arrays, tiny_ru
     rejected = metrics["uploads"]["rejected"]
     assert len(rejected) == 1 and "NaN" in rejected[0]["reasons"][0]
     assert metrics["num-teachers"] == 2
+    assert metrics["uploads"]["pretrained"] == {"source": "", "loaded": 0, "resampled": {},
+                                                "skipped": {}}
     assert metrics["token-stats"]["prior"] and len(metrics["token-stats"]["with"]) == 2
     assert {"fedmitr", "ensemble", "fedavg", "local-mean"} <= set(metrics["results"])
     for r in metrics["results"].values():
