@@ -1,51 +1,20 @@
 """`flwr run .` end to end: a real local SuperLink, Ray-backed SuperNodes, the real apps."""
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from benchmarks.accuracy import run_benchmark
-
-REPO = Path(__file__).resolve().parents[2]  # `flwr run .` runs the app in this checkout
-FLWR = shutil.which("flwr") or str(Path(sys.executable).parent / "flwr")
-
-
-def _run_config(pairs: dict) -> str:
-    def fmt(v):
-        return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
-
-    return " ".join(f"{k}={fmt(v)}" for k, v in pairs.items())
+from tests.apps.flwr_cli import flwr_run, local_flwr_env, stop_local_superlink
 
 
 @pytest.fixture(scope="module")
 def flwr_env(tmp_path_factory, free_port):
     """A private FLWR_HOME and local-SuperLink ports; the SuperLink is stopped after."""
-    control_port = free_port()
-    bin_dir = str(Path(sys.executable).parent)  # flwr starts flower-superlink from PATH
-    env = {**os.environ,
-           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-           "FLWR_HOME": str(tmp_path_factory.mktemp("flwr-home")),
-           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-           "FLWR_LOCAL_CONTROL_API_PORT": str(control_port)}
+    env, control_port = local_flwr_env(tmp_path_factory.mktemp("flwr-home"), free_port)
     yield env
-    subprocess.run(["pkill", "-f", f"control-api-address 127.0.0.1:{control_port}"],
-                   check=False)
-
-
-def _flwr_run(env: dict, run_config: dict, supernodes: int, timeout: int = 600,
-              federation: str = ""):
-    cmd = [FLWR, "run", ".", "--stream",
-           "--federation-config", f"num-supernodes={supernodes} {federation}".strip(),
-           "--run-config", _run_config(run_config)]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    stop_local_superlink(control_port)
 
 
 @pytest.mark.e2e
@@ -54,7 +23,7 @@ def test_flwr_run_end_to_end(tmp_path, flwr_env, tiny):
     run_config = {**tiny, "local-epochs": 30, "syn-images": 60, "distill-epochs": 10,
                   "methods": "fedmitr,deepinversion", "output-dir": str(out),
                   "run-name": "e2e"}
-    proc = _flwr_run(flwr_env, run_config, supernodes=4)
+    proc = flwr_run(flwr_env, run_config, supernodes=4)
     log = proc.stdout + proc.stderr
     run_dir = out / "e2e"
     assert (run_dir / "metrics.json").is_file(), log[-4000:]
@@ -73,7 +42,7 @@ def test_flwr_run_end_to_end(tmp_path, flwr_env, tiny):
 
     # A restarted server finishes from the persisted run without a round: here every
     # method had finished, so all is read back and the figures stay the same.
-    resumed = _flwr_run(flwr_env, {"resume-from": str(run_dir)}, supernodes=2)
+    resumed = flwr_run(flwr_env, {"resume-from": str(run_dir)}, supernodes=2)
     rlog = resumed.stdout + resumed.stderr
     assert "no client contacted" in rlog and "finished before the restart" in rlog, rlog[-3000:]
     assert "configure_train" not in rlog
@@ -93,7 +62,7 @@ def test_flwr_run_end_to_end(tmp_path, flwr_env, tiny):
 
 @pytest.mark.e2e
 def test_flwr_run_refuses_a_bad_alpha_naming_the_key(tmp_path, flwr_env):
-    proc = _flwr_run(flwr_env, {"alpha": -1, "output-dir": str(tmp_path / "o")}, supernodes=2,
+    proc = flwr_run(flwr_env, {"alpha": -1, "output-dir": str(tmp_path / "o")}, supernodes=2,
                      timeout=300)
     log = proc.stdout + proc.stderr
     assert "run config key 'alpha'" in log, log[-3000:]
@@ -106,7 +75,7 @@ def test_a_failed_server_app_says_so_in_metrics_json_though_flwr_run_exits_0(tmp
     # The data folder is missing: the ServerApp fails after creating the run folder.
     run_config = {"dataset": "imagefolder", "data-dir": str(tmp_path / "missing"),
                   "output-dir": str(tmp_path / "o"), "run-name": "failed"}
-    proc = _flwr_run(flwr_env, run_config, supernodes=2, timeout=300)
+    proc = flwr_run(flwr_env, run_config, supernodes=2, timeout=300)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]  # Flower's behaviour: why the status exists
     metrics = json.loads((tmp_path / "o" / "failed" / "metrics.json").read_text())
@@ -121,7 +90,7 @@ def test_dozens_of_supernodes_every_upload_accounted_for(tmp_path, flwr_env, tin
     run_config = {**tiny, "local-epochs": 40, "alpha": 0.1, "min-partition-size": 12,
                   "methods": "fedmitr", "teachers-per-class": 2, "output-dir": str(out),
                   "run-name": "many"}
-    proc = _flwr_run(flwr_env, run_config, supernodes=48,
+    proc = flwr_run(flwr_env, run_config, supernodes=48,
                      federation="client-resources-num-cpus=1")
     log = proc.stdout + proc.stderr
     metrics_file = out / "many" / "metrics.json"
