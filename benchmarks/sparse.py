@@ -45,6 +45,14 @@ ARCHS = {"vit-tiny-32": ("vit-tiny", 32, 4), "vit-small-224": ("vit-small", 224,
 SCHEDULES = {"dense": None, "default": None,
              "smi": (50 / 2000, 100 / 2000, 200 / 2000, 300 / 2000)}
 BUDGET_GIB = 24.0
+# The paper presets and the images their clients train on (before the validation
+# hold-out): CIFAR's training sets; OfficeHome Real_World (4,357) and mini-ImageNet
+# (60,000) less the preset's test-fraction 0.2.
+PRESET_TRAIN_IMAGES = {"cifar10": 50_000, "cifar100": 50_000, "officehome": 3_486,
+                       "mini-imagenet": 48_000}
+# Sustained bf16 throughput assumed for the wall-time estimate on one H100 (dense bf16
+# peak 989 TFLOP/s): 10 % and 30 % of peak. An assumption, not a measurement.
+ASSUMED_TFLOPS = (100.0, 300.0)
 
 
 def _setup(arch: str, teachers: int, schedule: str) -> Any:
@@ -108,17 +116,14 @@ def inversion_case(arch: str, schedule: str, teachers: int, batch: int, iteratio
     pool = inverter.synthesize(labels, rng)
     _sync(device)
     seconds = time.perf_counter() - start
-    n = inverter.num_patches
-    tokens, work = n, 0.0
-    for step in range(1, iterations + 1):  # the token count each step runs with
-        work += tokens / n
-        if step in inverter.prune_steps:
-            tokens -= int(cfg.inversion.prune_ratio * tokens)
+    share = token_work(iterations, inverter.prune_steps, cfg.inversion.prune_ratio,
+                       inverter.num_patches)
     return {"arch": arch, "schedule": schedule, "teachers": teachers, "batch": batch,
-            "iterations": iterations, "patches": n, "prune-steps": inverter.prune_steps,
+            "iterations": iterations, "patches": inverter.num_patches,
+            "prune-steps": inverter.prune_steps,
             "tokens-at-end": int(pool.kept_mask[0].sum()), "seconds": seconds,
             "seconds-per-step": seconds / iterations, "seconds-per-image": seconds / batch,
-            "token-ideal-speed-up": iterations / work, "device": str(device)}
+            "token-ideal-speed-up": 1 / share, "device": str(device)}
 
 
 def student_case(arch: str, kept_tokens: int, batch: int, steps: int) -> dict[str, Any]:
@@ -176,7 +181,68 @@ def memory_case(batch: int, teachers: int = 10) -> dict[str, Any]:
     return out
 
 
-CASES = {"inversion": inversion_case, "student": student_case, "memory": memory_case}
+def flops_case(model: str, size: int, patch: int) -> dict[str, Any]:
+    """Forward FLOPs of one image through ``model`` at every token, counted by torch."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fedmitr_core.models.vit import build_vit
+
+    vit = build_vit(model, 10, size, 3, patch).eval()
+    # The math attention: the counter has no formula for CPU's fused attention kernel.
+    with (torch.no_grad(), sdpa_kernel(SDPBackend.MATH),
+          FlopCounterMode(display=False) as counter):
+        vit(torch.zeros(1, 3, size, size))
+    return {"model": model, "image-size": size, "patch-size": patch,
+            "gflops-per-image": counter.get_total_flops() / 1e9}
+
+
+def token_work(iterations: int, prune_steps: list[int], prune_ratio: float, patches: int
+               ) -> float:
+    """Mean fraction of the tokens a step runs with under a prune schedule."""
+    tokens, work = patches, 0.0
+    for step in range(1, iterations + 1):
+        work += tokens / patches
+        if step in prune_steps:
+            tokens -= int(prune_ratio * tokens)
+    return work / iterations
+
+
+def preset_estimate(name: str, gflops: float) -> dict[str, Any]:
+    """FLOPs of a paper preset's run (clients, FedMITR, DeepInversion) and hours on one GPU.
+
+    Clients: ``local-epochs`` passes over the training images, forward and backward
+    (3 forwards). Inversion: every step runs every teacher forward and backward to the
+    input (2 forwards), FedMITR's on the scheduled share of the tokens. Distillation:
+    the student forward and backward and every teacher forward (live relabelling) per
+    image and epoch. The other methods each cost about as much as DeepInversion.
+    """
+    from benchmarks.accuracy import load_sweep
+    from fedmitr_core.config import parse_config
+
+    run_config, sweep = load_sweep(ROOT / "sim_configs" / f"{name}.yaml")
+    cfg = parse_config(run_config)
+    inv, k = cfg.inversion, int(sweep.get("num-clients", 10))
+    patches = (cfg.data.image_size // cfg.model.patch_size) ** 2
+    steps = sorted({max(1, int(round(f * inv.inv_iterations))) for f in inv.prune_at})
+    share = token_work(inv.inv_iterations, steps, inv.prune_ratio, patches)
+    f = gflops * 1e9
+    train = PRESET_TRAIN_IMAGES[name] * (1 - cfg.data.val_fraction)
+    pflops = {"clients": cfg.client.local_epochs * train * 3 * f / 1e15,
+              "deepinversion-inversion": inv.syn_images * inv.inv_iterations * k * 2 * f / 1e15,
+              "distillation": cfg.distill.distill_epochs * inv.syn_images * (3 + k) * f / 1e15}
+    pflops["fedmitr-inversion"] = pflops["deepinversion-inversion"] * share
+    total = sum(pflops.values()) + pflops["distillation"]  # DeepInversion distils too
+    return {"preset": name, "model": cfg.model.model, "image-size": cfg.data.image_size,
+            "patch-size": cfg.model.patch_size, "teachers": k, "token-share": share,
+            **{f"{key}-pflop": v for key, v in pflops.items()}, "total-pflop": total,
+            **{f"hours-at-{t:g}-tflops": total * 1e15 / (t * 1e12) / 3600
+               for t in ASSUMED_TFLOPS}}
+
+
+CASES = {"inversion": inversion_case, "student": student_case, "memory": memory_case,
+         "flops": flops_case}
 
 
 def _in_subprocess(kind: str, **case: Any) -> dict[str, Any]:
@@ -234,8 +300,17 @@ def run(iterations: int, batch: int, teachers: int, memory_batches: list[int],
                 row["speed-up"] = rows[0]["seconds-per-step"] / row["seconds-per-step"]
         student += rows
     memory = [_in_subprocess("memory", batch=b) for b in memory_batches]
+    presets = []
+    for name in PRESET_TRAIN_IMAGES:
+        from benchmarks.accuracy import load_sweep
+
+        keys = load_sweep(ROOT / "sim_configs" / f"{name}.yaml")[0]
+        flops = _in_subprocess("flops", model=keys["model"], size=keys["image-size"],
+                               patch=keys["patch-size"])
+        presets.append({**preset_estimate(name, flops["gflops-per-image"]),
+                        "gflops-per-image": flops["gflops-per-image"]})
     return {"inversion": inversion, "student": student, "memory": memory,
-            "fit": largest_batch(memory)}
+            "fit": largest_batch(memory), "presets": presets}
 
 
 def write_report(out: Path, result: dict[str, Any]) -> str:
@@ -268,7 +343,23 @@ def write_report(out: Path, result: dict[str, Any]) -> str:
           f"({fit.get('memory', '?')}, extrapolated along the line through the smallest and "
           f"largest measured batch): **{fit.get('largest-batch', fit.get('error'))}** "
           f"({fit.get('mb-per-image', float('nan')):.0f} MB per image over "
-          f"{fit.get('fixed-mb', float('nan')):.0f} MB fixed).", ""]
+          f"{fit.get('fixed-mb', float('nan')):.0f} MB fixed).", "",
+          "## Paper presets: FLOPs of a run and an estimate of its hours on one GPU", "",
+          "Forward FLOPs per image counted by `torch.utils.flop_counter` on the preset's "
+          "architecture; the run's FLOPs from them (`preset_estimate`: clients, FedMITR "
+          "and DeepInversion, one split and seed); hours **estimated** at an assumed "
+          f"sustained {' and '.join(f'{t:g}' for t in ASSUMED_TFLOPS)} TFLOP/s "
+          "(10 % and 30 % of an H100's dense bf16 peak), not measured.", "",
+          _table(result.get("presets", []), [
+              ("preset", "preset"), ("model", "model"), ("px", "image-size"),
+              ("patch", "patch-size"), ("teachers", "teachers"),
+              ("GFLOP / image", "gflops-per-image"), ("token share", "token-share"),
+              ("clients PFLOP", "clients-pflop"),
+              ("DI inversion PFLOP", "deepinversion-inversion-pflop"),
+              ("FedMITR inversion PFLOP", "fedmitr-inversion-pflop"),
+              ("distillation PFLOP", "distillation-pflop"), ("total PFLOP", "total-pflop"),
+              *((f"h at {t:g} TFLOP/s", f"hours-at-{t:g}-tflops") for t in ASSUMED_TFLOPS)]),
+          ""]
     (out / "sparse.md").write_text("\n".join(md))
     return "\n".join(md)
 

@@ -2,7 +2,14 @@
 
 import pytest
 
-from benchmarks.sparse import inversion_case, largest_batch, student_case
+from benchmarks.sparse import (
+    flops_case,
+    inversion_case,
+    largest_batch,
+    preset_estimate,
+    student_case,
+    token_work,
+)
 
 
 def test_smis_schedule_prunes_four_times_and_the_ideal_follows_the_token_count():
@@ -27,3 +34,24 @@ def test_largest_batch_follows_the_line_through_the_measurements():
     assert fit["mb-per-image"] == 256 and fit["fixed-mb"] == 1024
     assert fit["largest-batch"] == (24 * 1024 - 1024) // 256
     assert "error" in largest_batch(rows[:1])
+
+
+def test_flops_per_image_match_the_published_vit_small_figure():
+    # timm lists vit_small_patch16_224 at 4.6 GMACs: 9.2 GFLOPs, attention included.
+    row = flops_case("vit-small", 224, 16)
+    assert row["gflops-per-image"] == pytest.approx(9.2, rel=0.01)
+    assert flops_case("vit-small", 32, 4)["gflops-per-image"] < row["gflops-per-image"] / 3
+
+
+def test_a_preset_estimate_adds_up_from_its_config():
+    est = preset_estimate("officehome", gflops=10.0)
+    # OfficeHome: ViT-Small 224/16, 5 clients, 2600 images x 400 steps, 60 epochs.
+    assert est["teachers"] == 5
+    assert est["deepinversion-inversion-pflop"] == pytest.approx(2600 * 400 * 5 * 2 * 1e10 / 1e15)
+    assert est["distillation-pflop"] == pytest.approx(60 * 2600 * (3 + 5) * 1e10 / 1e15)
+    share = token_work(400, [120, 240], 0.3, 196)
+    assert est["token-share"] == pytest.approx(share) and 0.6 < share < 0.8
+    assert est["fedmitr-inversion-pflop"] == pytest.approx(
+        est["deepinversion-inversion-pflop"] * share)
+    hours = est["total-pflop"] * 1e15 / 100e12 / 3600
+    assert est["hours-at-100-tflops"] == pytest.approx(hours)
