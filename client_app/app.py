@@ -9,7 +9,10 @@ The reply holds the weights (ArrayRecord ``arrays``), the counts and metrics
 (MetricRecord ``metrics``) and, unless ``client-stats`` is false in the run
 config or in this node's config, the trained model's token statistics over the
 node's training images (ArrayRecord ``token-stats``: ``mean`` and ``var``,
-``(depth + 1, D)`` each; metric ``token-stats-images``).
+``(depth + 1, D)`` each; metric ``token-stats-images``). A private client
+(``dp-epsilon`` or ``dp-noise-multiplier``, in the run config or this node's)
+trains with DP-SGD, releases noisy counts and statistics, and reports the ε it
+spent (metrics ``dp-epsilon``, ``dp-delta``, ``dp-noise-multiplier``, ``dp-steps``).
 """
 
 from __future__ import annotations
@@ -69,6 +72,12 @@ def _round_number(msg: Message) -> int:
     return 1
 
 
+def _with_node_privacy(context: Context) -> dict:
+    """The run config with this node's ``dp-*`` keys (a site's own privacy) over it."""
+    own = {k: v for k, v in context.node_config.items() if str(k).startswith("dp-")}
+    return {**context.run_config, **own}
+
+
 def _share_stats(context: Context, cfg: FedMITRConfig) -> bool:
     """``client-stats`` of this node's config if set there, else of the run config."""
     value = context.node_config.get("client-stats", cfg.client.client_stats)
@@ -82,7 +91,7 @@ def _share_stats(context: Context, cfg: FedMITRConfig) -> bool:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train from the server's initial weights; reply with weights + label counts."""
-    cfg = parse_config(context.run_config)
+    cfg = parse_config(_with_node_privacy(context))
     data_path = context.node_config.get("data-path")
     ids: dict[str, int] = {}
     if data_path:
@@ -109,6 +118,7 @@ def train(msg: Message, context: Context) -> Message:
         "num-examples": update.num_examples,
         "label-counts": [int(v) for v in update.label_counts],
         "local-train-accuracy": 0.0 if acc != acc else float(acc),
+        **{k: v for k, v in update.metrics.items() if k.startswith("dp-")},
         **ids,
     })
     content = RecordDict({"arrays": ArrayRecord(update.state), "metrics": metrics})

@@ -38,6 +38,7 @@ StudentTokens = Literal["kept", "kept-live", "all"]
 TokenHeadInit = Literal["random", "cls-head"]
 StatsTeachers = Literal["uniform", "class"]
 FallbackPrior = Literal["none", "patch-similarity"]
+PrivateStats = Literal["gaussian", "off"]
 # Kept equal to fedmitr_core.models.MODEL_PRESETS and fedmitr_core.methods.METHODS by tests.
 ModelName = Literal["vit-micro", "vit-tiny", "vit-small"]
 OneShotMethod = Literal["fedmitr", "deepinversion", "fedmitr-sparse", "fedmitr-relabel",
@@ -132,6 +133,46 @@ class ClientConfig:
                self.local_weight_decay)
         _check(self.local_shift >= 0, "local-shift", "an integer >= 0 (pixels)",
                self.local_shift)
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """Differentially private clients (DP-SGD with Opacus); off by default.
+
+    A client is private when ``dp-epsilon`` is finite (the noise is calibrated so
+    its whole release spends that ε at ``dp-delta``) or ``dp-noise-multiplier`` is
+    set (the ε it spends is reported). A private client's label counts, and its
+    token statistics unless ``dp-stats=off``, are released with the Gaussian
+    mechanism at ``dp-release-noise`` under the same accountant; statistics are
+    per-image clipped to L2 norm ``dp-stats-clip`` first.
+    """
+
+    dp_epsilon: float = math.inf
+    dp_noise_multiplier: float = 0.0
+    dp_clip: float = 1.0
+    dp_delta: float = 1e-5
+    dp_stats: PrivateStats = "gaussian"
+    dp_stats_clip: float = 8.0
+    dp_release_noise: float = 10.0
+
+    @property
+    def private(self) -> bool:
+        """Whether clients train and release under differential privacy."""
+        return math.isfinite(self.dp_epsilon) or self.dp_noise_multiplier > 0
+
+    def __post_init__(self) -> None:
+        _check(self.dp_epsilon > 0, "dp-epsilon", "a float > 0 (inf: not private)",
+               self.dp_epsilon)
+        _check(self.dp_noise_multiplier >= 0, "dp-noise-multiplier",
+               "a float >= 0 (0: calibrated to dp-epsilon)", self.dp_noise_multiplier)
+        _check(not (math.isfinite(self.dp_epsilon) and self.dp_noise_multiplier > 0),
+               "dp-noise-multiplier", "0 when dp-epsilon is set (one or the other)",
+               self.dp_noise_multiplier)
+        _check(self.dp_clip > 0, "dp-clip", "a float > 0", self.dp_clip)
+        _check(0 < self.dp_delta < 1, "dp-delta", "a float in (0, 1)", self.dp_delta)
+        _check(self.dp_stats_clip > 0, "dp-stats-clip", "a float > 0", self.dp_stats_clip)
+        _check(self.dp_release_noise > 0, "dp-release-noise", "a float > 0",
+               self.dp_release_noise)
 
 
 @dataclass(frozen=True)
@@ -357,6 +398,7 @@ class FedMITRConfig:
     partition: PartitionConfig = field(default_factory=PartitionConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     inversion: InversionConfig = field(default_factory=InversionConfig)
     prior: PriorConfig = field(default_factory=PriorConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
@@ -380,8 +422,8 @@ class FedMITRConfig:
 
 _SECTION_ATTRS: dict[type, str] = {
     DataConfig: "data", PartitionConfig: "partition", ModelConfig: "model",
-    ClientConfig: "client", InversionConfig: "inversion", PriorConfig: "prior",
-    DistillConfig: "distill",
+    ClientConfig: "client", PrivacyConfig: "privacy", InversionConfig: "inversion",
+    PriorConfig: "prior", DistillConfig: "distill",
     BaselineConfig: "baseline", RuntimeConfig: "runtime", ServerConfig: "server",
 }
 _SECTIONS = tuple(_SECTION_ATTRS)

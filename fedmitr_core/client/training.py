@@ -18,6 +18,13 @@ from fedmitr_core.data.partition import label_counts, partition_indices
 from fedmitr_core.models.evaluate import accuracy
 from fedmitr_core.models.token_stats import TokenStats, token_statistics
 from fedmitr_core.models.vit import PretrainedLoad, load_pretrained, vit_factory
+from fedmitr_core.privacy.dp import (
+    PrivacySpent,
+    private_label_counts,
+    private_token_statistics,
+    release_steps,
+    train_local_private,
+)
 from fedmitr_core.runtime import resolve_device, set_seed
 
 
@@ -30,6 +37,7 @@ class ClientUpdate:
     label_counts: np.ndarray
     metrics: dict[str, Any]
     token_stats: TokenStats | None = None
+    privacy: PrivacySpent | None = None
 
 
 def initial_model(cfg: FedMITRConfig, spec: DataSpec) -> nn.Module:
@@ -106,24 +114,50 @@ def train_client(cfg: FedMITRConfig, data: Split, spec: DataSpec,
 
     With ``share_stats`` (default: run-config key ``client-stats``) the update
     also carries the trained model's token statistics over ``data``
-    (:func:`~fedmitr_core.models.token_stats.token_statistics`).
+    (:func:`~fedmitr_core.models.token_stats.token_statistics`). Under
+    ``cfg.privacy`` (:class:`~fedmitr_core.config.PrivacyConfig`) the client trains
+    with DP-SGD and releases its label counts and statistics with the Gaussian
+    mechanism (:mod:`fedmitr_core.privacy.dp`); the update says what it spent.
     """
     model = vit_factory(cfg.model, spec)()
     model.load_state_dict(initial_state)
-    counts = label_counts(data.labels.numpy(), spec.num_classes)
-    stats = None
+    share = cfg.client.client_stats if share_stats is None else share_stats
     if len(data) == 0:
-        acc = float("nan")
-    else:
-        device = resolve_device("cpu" if cfg.runtime.device == "cpu" else "auto")
-        acc = train_local(model, data, cfg.client, device, seed)
-        if cfg.client.client_stats if share_stats is None else share_stats:
-            stats = token_statistics(model, data.images, device=device)
-    return ClientUpdate(
-        state={k: v.detach().cpu() for k, v in model.state_dict().items()},
-        num_examples=int(len(data)), label_counts=counts,
-        metrics={"local-train-accuracy": acc}, token_stats=stats,
-    )
+        return ClientUpdate(state=_cpu_state(model), num_examples=0,
+                            label_counts=label_counts(data.labels.numpy(), spec.num_classes),
+                            metrics={"local-train-accuracy": float("nan")})
+    device = resolve_device("cpu" if cfg.runtime.device == "cpu" else "auto")
+    if cfg.privacy.private:
+        return _train_private(cfg, model, data, spec, device, seed, share)
+    acc = train_local(model, data, cfg.client, device, seed)
+    stats = token_statistics(model, data.images, device=device) if share else None
+    return ClientUpdate(state=_cpu_state(model), num_examples=int(len(data)),
+                        label_counts=label_counts(data.labels.numpy(), spec.num_classes),
+                        metrics={"local-train-accuracy": acc}, token_stats=stats)
+
+
+def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def _train_private(cfg: FedMITRConfig, model: nn.Module, data: Split, spec: DataSpec,
+                   device: torch.device, seed: int, share_stats: bool) -> ClientUpdate:
+    """DP-SGD training and Gaussian releases, all under one accountant."""
+    privacy = cfg.privacy
+    with_stats = share_stats and privacy.dp_stats == "gaussian"
+    _train_acc, spent = train_local_private(model, data, cfg.client, privacy, device, seed,
+                                     release_steps(privacy, with_stats))
+    noise_rng = torch.Generator().manual_seed(seed + 1)
+    counts = private_label_counts(data.labels.numpy(), spec.num_classes,
+                                  privacy.dp_release_noise, noise_rng)
+    released = max(int(counts.sum()), 1)
+    stats = private_token_statistics(
+        model, data.images, released, privacy.dp_stats_clip, privacy.dp_release_noise,
+        noise_rng, device=device) if with_stats else None
+    # The train accuracy is computed on the private data: not released under DP.
+    return ClientUpdate(state=_cpu_state(model), num_examples=released, label_counts=counts,
+                        metrics={"local-train-accuracy": float("nan"), **spent.metrics()},
+                        token_stats=stats, privacy=spent)
 
 
 def simulate_clients(cfg: FedMITRConfig, num_clients: int, splits: DatasetSplits | None = None

@@ -294,6 +294,16 @@ def _read_stats(path: Path, meta: Mapping[str, Any]) -> TokenStats:
                       num_images=int(meta["metrics"]["token-stats-images"]))
 
 
+def _privacy_spent(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The ε and δ a private client reports (recorded, never a reason to refuse)."""
+    spent = {}
+    for key in ("dp-epsilon", "dp-delta"):
+        value = metrics.get(key)
+        if isinstance(value, int | float) and math.isfinite(value) and value >= 0:
+            spent[key] = float(value)
+    return spent
+
+
 class UploadIntake:
     """Validates uploads, persists the accepted ones at once, and accounts for every one.
 
@@ -361,7 +371,7 @@ class UploadIntake:
             self.reject(client_id, problems, node)
             return problems
         self.accepted.append({"client-id": client_id, **_node(node), "num-examples": n,
-                              "token-stats": stats_note})
+                              "token-stats": stats_note, **_privacy_spent(metrics)})
         self.write_report()
         return []
 

@@ -252,3 +252,13 @@ def test_bad_statistics_are_refused_with_a_reason_and_the_weights_kept(tmp_path,
     assert not (tmp_path / "uploads" / "client.stats.safetensors").exists()
     teachers = load_teacher_set(tmp_path / "uploads", lambda: build_vit("vit-micro", 10, 16, 1, 4))
     assert teachers.token_stats == [None]
+
+
+def test_intake_records_the_epsilon_a_private_client_spent_and_refuses_nothing(tmp_path, model):
+    intake = UploadIntake(tmp_path, model.state_dict(), 10)
+    arrays, metrics = _good(model)
+    assert intake.take("private", arrays, {**metrics, "dp-epsilon": 4.0, "dp-delta": 1e-5}) == []
+    assert intake.take("odd", *_good(model)[:1], {**metrics, "dp-epsilon": float("nan")}) == []
+    accepted = intake.write_report()["accepted"]
+    assert accepted[0]["dp-epsilon"] == 4.0 and accepted[0]["dp-delta"] == 1e-5
+    assert "dp-epsilon" not in accepted[1]  # a non-finite claim is not recorded as one

@@ -1,0 +1,1 @@
+"""Differential privacy for clients (DP-SGD, Gaussian releases) and the privacy audit."""
