@@ -37,6 +37,8 @@ def client_key(cfg: FedMITRConfig, num_clients: int, threads: int | None = None)
     flat = cfg.to_flat()
     section_keys = {f.name.replace("_", "-") for s in CLIENT_SECTIONS
                     for f in fields(getattr(cfg, s))}
+    if cfg.privacy.private:  # only then: the keys of non-private caches stay as they were
+        section_keys |= {f.name.replace("_", "-") for f in fields(cfg.privacy)}
     relevant = {k: flat[k] for k in sorted(section_keys)}
     relevant.update(seed=cfg.seed, num_clients=num_clients,
                     torch_threads=threads or torch.get_num_threads())

@@ -86,6 +86,10 @@ def test_the_cache_key_separates_thread_counts_and_client_settings(tiny):
     assert client_key(cfg, 3, threads=1) != client_key(cfg, 4, threads=1)
     assert client_key(cfg, 3, threads=1) == client_key(parse_config({**tiny, "temperature": 2}),
                                                        3, threads=1)
+    # Private clients make other uploads; each ε its own.
+    eps8, eps4 = (client_key(parse_config({**tiny, "dp-epsilon": e}), 3, threads=1)
+                  for e in (8, 4))
+    assert len({client_key(cfg, 3, threads=1), eps8, eps4}) == 3
 
 
 def test_summary_table_gives_mean_and_std_over_seeds():
