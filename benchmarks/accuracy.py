@@ -53,13 +53,18 @@ Variants = dict[str, dict[str, Any]]
 
 
 def split_name(split: dict[str, Any]) -> str:
-    """Short column name of a split: ``dir-0.1``, ``path-2``, ``iid``."""
+    """Short column name of a split: ``dir-0.1``, ``path-2``, ``iid``.
+
+    A split that also makes its clients private (``dp-epsilon``) says so: ``dir-0.5-eps8``.
+    """
     kind = split.get("partitioner", "dirichlet")
     if kind == "dirichlet":
-        return f"dir-{split['alpha']}"
-    if kind == "pathological":
-        return f"path-{split['classes-per-client']}"
-    return str(kind)
+        name = f"dir-{split['alpha']}"
+    elif kind == "pathological":
+        name = f"path-{split['classes-per-client']}"
+    else:
+        name = str(kind)
+    return f"{name}-eps{split['dp-epsilon']:g}" if "dp-epsilon" in split else name
 
 
 def load_sweep(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:

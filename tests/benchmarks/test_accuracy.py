@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.accuracy import load_sweep, run_benchmark, summary_table
+from benchmarks.accuracy import load_sweep, run_benchmark, split_name, summary_table
 from benchmarks.upload_cache import client_key
 from fedmitr_core.config import SIM_CONFIGS_DIR, ConfigError, parse_config
 
@@ -180,3 +180,10 @@ def test_a_variant_reruns_the_server_on_the_same_uploads_as_extra_rows(tiny, tmp
     assert "| fedavg (uniform) |" in (tmp_path / "results" / "tiny" / "table.md").read_text()
     with pytest.raises(ConfigError, match="local-epochs"):
         run_benchmark(preset, variants={"longer": {"local-epochs": 4}}, **kwargs)
+
+
+def test_split_names_say_the_partition_and_whether_clients_are_private():
+    assert split_name({"partitioner": "dirichlet", "alpha": 0.5}) == "dir-0.5"
+    assert split_name({"partitioner": "pathological", "classes-per-client": 2}) == "path-2"
+    assert split_name({"partitioner": "dirichlet", "alpha": 0.1, "dp-epsilon": 4.0}) == \
+        "dir-0.1-eps4"
