@@ -25,14 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import yaml
 
 from fedmitr_core.config import parse_config
 from fedmitr_core.data.datasets import load_dataset
 from fedmitr_core.models.vit import vit_factory
-from fedmitr_core.privacy.audit import audit_pool, balanced_members, embed_with, loss_attack_auc
-from fedmitr_core.server.state import load_method_result, load_pool
+from fedmitr_core.privacy.audit import audit_state
 
 POOL_FIGURES = ("pool-to-train-median", "pool-to-heldout-median", "closer-to-train",
                 "pool-attack-auc")
@@ -43,22 +41,8 @@ def audit_run(run_dir: Path) -> dict[str, Any]:
     settings = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     cfg = parse_config({k: v for k, v in settings.items() if k != "preset"})
     data = load_dataset(cfg.data, cfg.seed)
-    members, non_members = balanced_members(data.train, data.test, np.random.default_rng(0))
-    torch.manual_seed(0)
-    new_vit = vit_factory(cfg.model, data.spec)
-    embed = embed_with(new_vit())
-    out: dict[str, Any] = {"run": run_dir.name, "members": len(members), "pools": {},
-                           "loss-attack-auc": {}}
-    state = run_dir / "state"
-    for pool_file in sorted((state / "pools").glob("*.safetensors")):
-        pool, _ = load_pool(pool_file, torch.Generator())
-        out["pools"][pool_file.stem] = audit_pool(pool.images, members, non_members, embed)
-    for folder in sorted(p for p in state.iterdir() if (p / "result.json").is_file()):
-        model, saved = load_method_result(folder, new_vit)
-        out["loss-attack-auc"][folder.name] = loss_attack_auc(model, members, non_members)
-        if saved.get("pool"):
-            out.setdefault("method-pools", {})[folder.name] = Path(saved["pool"]).stem
-    return out
+    return {"run": run_dir.name,
+            **audit_state(run_dir / "state", data, vit_factory(cfg.model, data.spec))}
 
 
 def _group(run: str) -> str:

@@ -360,6 +360,7 @@ class ServerConfig:
     max_weight_ratio: float = 20.0
     outlier_ratio: float = 5.0
     count_cap: float = 5.0
+    privacy_audit: bool = False
 
     def __post_init__(self) -> None:
         _check(len(self.methods) >= 1, "methods", "at least one method name", self.methods)

@@ -19,6 +19,8 @@ Run by the experimenter, who holds the clients' data (the server never does):
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,7 +28,8 @@ import torch.nn.functional as F
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
-from fedmitr_core.data.datasets import Split
+from fedmitr_core.data.datasets import DatasetSplits, Split
+from fedmitr_core.server.state import load_method_result, load_pool
 
 Embed = Callable[[torch.Tensor], torch.Tensor]
 
@@ -110,3 +113,28 @@ def loss_attack_auc(model: nn.Module, members: Split, non_members: Split,
         return -torch.cat(losses)
 
     return _auc(scores(members), scores(non_members))
+
+
+def audit_state(state_dir: Path, data: DatasetSplits, new_vit: Callable[[], nn.Module],
+                seed: int = 0) -> dict[str, Any]:
+    """Every saved pool and finished method model in a run's ``state/``, audited.
+
+    Members are ``data.train`` (the clients' images), non-members ``data.test``,
+    balanced by class. The feature space is a ViT from ``new_vit`` initialised with
+    ``seed`` and never trained: it knows neither set, so it cannot favour members.
+    """
+    members, non_members = balanced_members(data.train, data.test, np.random.default_rng(seed))
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        embed = embed_with(new_vit())
+    out: dict[str, Any] = {"members": len(members), "pools": {}, "loss-attack-auc": {},
+                           "method-pools": {}}
+    for pool_file in sorted((state_dir / "pools").glob("*.safetensors")):
+        pool, _ = load_pool(pool_file, torch.Generator())
+        out["pools"][pool_file.stem] = audit_pool(pool.images, members, non_members, embed)
+    for folder in sorted(p for p in state_dir.iterdir() if (p / "result.json").is_file()):
+        model, saved = load_method_result(folder, new_vit)
+        out["loss-attack-auc"][folder.name] = loss_attack_auc(model, members, non_members)
+        if saved.get("pool"):
+            out["method-pools"][folder.name] = Path(saved["pool"]).stem
+    return out

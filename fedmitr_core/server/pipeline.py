@@ -28,6 +28,7 @@ from fedmitr_core.data.datasets import DatasetSplits
 from fedmitr_core.methods import METHODS, ROUND_METHODS, ServerContext
 from fedmitr_core.models.evaluate import accuracy
 from fedmitr_core.models.vit import vit_factory
+from fedmitr_core.privacy.audit import audit_state
 from fedmitr_core.progress import Emit
 from fedmitr_core.runtime import NonFiniteLossError, resolve_device, set_seed, uses_bf16
 from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet, select_teachers
@@ -130,9 +131,26 @@ def run_pipeline(cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path,
     results, global_model, first_pool = run_methods(ctx, data)
     add_references(ctx, data, results)
     status = run_status(results, cfg.server.methods)
+    audit = (_privacy_audit(ctx, data, state_dir, emit or print)
+             if cfg.server.privacy_audit else None)
     write_outputs(ctx, run_dir, results, global_model, first_pool,
-                  {**read_upload_report(source), "screening": screening.record()}, status)
+                  {**read_upload_report(source), "screening": screening.record()}, status,
+                  audit)
     return ServerOutcome(global_model=global_model, results=results, status=status)
+
+
+def _privacy_audit(ctx: ServerContext, data: DatasetSplits, state_dir: Path, log: Emit
+                   ) -> dict[str, Any]:
+    """The experimenter's audit (it reads the clients' training split: simulations only)."""
+    audit = audit_state(state_dir, data, ctx.new_vit, ctx.cfg.seed)
+    for method, auc in audit["loss-attack-auc"].items():
+        pool = audit["method-pools"].get(method)
+        pool_auc = (f", its pool's distance attack "
+                    f"{audit['pools'][pool]['pixel']['pool-attack-auc']:.3f} (pixel) / "
+                    f"{audit['pools'][pool]['feature']['pool-attack-auc']:.3f} (feature)"
+                    if pool else "")
+        log(f"privacy audit: {method}: loss attack AUC {auc:.3f}{pool_auc} (0.5: no signal)")
+    return audit
 
 
 def _log_screening(screening: Screening, log: Emit) -> None:
@@ -290,7 +308,8 @@ def add_references(ctx: ServerContext, data: DatasetSplits, results: Results) ->
 
 def write_outputs(ctx: ServerContext, run_dir: Path, results: Results,
                   global_model: nn.Module | None, first_pool: tuple[str, SyntheticPool] | None,
-                  upload_report: dict[str, Any], status: str = "complete") -> None:
+                  upload_report: dict[str, Any], status: str = "complete",
+                  privacy_audit: dict[str, Any] | None = None) -> None:
     """Global model (if one succeeded), pictures, ``metrics.json``, ``report.md``; the table."""
     cfg, teachers = ctx.cfg, ctx.teachers
     saved = global_method(results, cfg.server.methods)
@@ -322,6 +341,7 @@ def write_outputs(ctx: ServerContext, run_dir: Path, results: Results,
         "versions": _versions(),
         "uploads": upload_report,
         "token-stats": token_stats_record(ctx.ensemble, cfg),
+        **({"privacy-audit": privacy_audit} if privacy_audit is not None else {}),
     })
     notes = [f"{len(teachers)} teachers, dataset {cfg.data.dataset}, "
              f"partitioner {cfg.partition.partitioner} (alpha {cfg.partition.alpha}), "

@@ -76,3 +76,19 @@ def test_the_status_says_whether_a_method_failed_and_whether_a_model_was_saved()
     assert run_status({"fedmitr": ok, "fedavg": ok}, ("fedmitr", "fedavg")) == "complete"
     assert run_status({"fedmitr": failed, "fedavg": ok}, ("fedmitr", "fedavg")) == "partial"
     assert run_status({"fedmitr": failed}, ("fedmitr", "fedavg-rounds")) == "failed"
+
+
+def test_the_privacy_audit_runs_when_asked_and_lands_in_metrics_json(uploads, tmp_path, tiny):
+    cfg, data, source = uploads
+    audited = parse_config({**cfg.to_flat(), "methods": "deepinversion",
+                            "privacy-audit": True})
+    lines = []
+    run_pipeline(audited, data, tmp_path / "run", emit=lines.append, source=source)
+    audit = json.loads((tmp_path / "run" / "metrics.json").read_text())["privacy-audit"]
+    assert audit["method-pools"] == {"deepinversion": "dense-inversion"}
+    assert 0.0 < audit["pools"]["dense-inversion"]["pixel"]["pool-attack-auc"] < 1.0
+    assert 0.0 < audit["loss-attack-auc"]["deepinversion"] < 1.0
+    assert any(line.startswith("privacy audit: deepinversion: loss attack AUC")
+               for line in lines)
+    run_pipeline(cfg, data, tmp_path / "plain", source=source)
+    assert "privacy-audit" not in json.loads((tmp_path / "plain" / "metrics.json").read_text())
