@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -55,3 +56,17 @@ def flwr_run(env: dict, run_config: dict, supernodes: int, timeout: int = 600,
            "--run-config", run_config_arg(run_config)]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def flwr_run_metrics(env: dict, run_config: dict, supernodes: int, federation: str = ""
+                     ) -> tuple[dict, str]:
+    """:func:`flwr_run`, then the run's ``metrics.json`` and the CLI's log.
+
+    ``run_config`` must name ``output-dir`` and ``run-name``; a run that wrote no
+    ``metrics.json`` fails the calling test with the log's tail.
+    """
+    proc = flwr_run(env, run_config, supernodes, federation=federation)
+    log = proc.stdout + proc.stderr
+    metrics_file = Path(run_config["output-dir"]) / run_config["run-name"] / "metrics.json"
+    assert metrics_file.is_file(), log[-4000:]
+    return json.loads(metrics_file.read_text()), log

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from benchmarks.accuracy import run_benchmark
-from tests.apps.flwr_cli import flwr_run, local_flwr_env, stop_local_superlink
+from tests.apps.flwr_cli import flwr_run, flwr_run_metrics, local_flwr_env, stop_local_superlink
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +90,8 @@ def test_dozens_of_supernodes_every_upload_accounted_for(tmp_path, flwr_env, tin
     run_config = {**tiny, "local-epochs": 40, "alpha": 0.1, "min-partition-size": 12,
                   "methods": "fedmitr", "teachers-per-class": 2, "output-dir": str(out),
                   "run-name": "many"}
-    proc = flwr_run(flwr_env, run_config, supernodes=48,
-                     federation="client-resources-num-cpus=1")
-    log = proc.stdout + proc.stderr
-    metrics_file = out / "many" / "metrics.json"
-    assert metrics_file.is_file(), log[-4000:]
-    metrics = json.loads(metrics_file.read_text())
+    metrics, _ = flwr_run_metrics(flwr_env, run_config, supernodes=48,
+                                  federation="client-resources-num-cpus=1")
     up = metrics["uploads"]
     assert up["num-partitions"] == 48
     assert len(up["accepted"]) + len(up["rejected"]) + len(up["failed"]) == 48

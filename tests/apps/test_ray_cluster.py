@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.apps.flwr_cli import flwr_run, local_flwr_env, stop_local_superlink
+from tests.apps.flwr_cli import flwr_run_metrics, local_flwr_env, stop_local_superlink
 from tests.apps.network import Network, sh
 
 RAY = str(Path(sys.executable).parent / "ray")
@@ -115,12 +115,8 @@ def test_a_simulation_runs_clients_on_both_nodes_of_a_ray_cluster(tmp_path, free
         out = tmp_path / "outputs"
         run_config = {**tiny, "methods": "fedavg", "output-dir": str(out), "run-name": "ray"}
         # One CPU per ClientApp and one per node: one ClientApp at a time on each node.
-        proc = flwr_run(env, run_config, supernodes=6,
-                        federation="client-resources-num-cpus=1")
-        log = proc.stdout + proc.stderr
-        metrics_file = out / "ray" / "metrics.json"
-        assert metrics_file.is_file(), log[-4000:]
-        metrics = json.loads(metrics_file.read_text())
+        metrics, _ = flwr_run_metrics(env, run_config, supernodes=6,
+                                      federation="client-resources-num-cpus=1")
         assert metrics["status"] == "complete"
         assert len(metrics["uploads"]["accepted"]) == 6
 
