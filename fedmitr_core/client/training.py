@@ -145,8 +145,8 @@ def _train_private(cfg: FedMITRConfig, model: nn.Module, data: Split, spec: Data
     """DP-SGD training and Gaussian releases, all under one accountant."""
     privacy = cfg.privacy
     with_stats = share_stats and privacy.dp_stats == "gaussian"
-    _train_acc, spent = train_local_private(model, data, cfg.client, privacy, device, seed,
-                                     release_steps(privacy, with_stats))
+    spent = train_local_private(model, data, cfg.client, privacy, device, seed,
+                                release_steps(privacy, with_stats))
     noise_rng = torch.Generator().manual_seed(seed + 1)
     counts = private_label_counts(data.labels.numpy(), spec.num_classes,
                                   privacy.dp_release_noise, noise_rng)
@@ -154,7 +154,7 @@ def _train_private(cfg: FedMITRConfig, model: nn.Module, data: Split, spec: Data
     stats = private_token_statistics(
         model, data.images, released, privacy.dp_stats_clip, privacy.dp_release_noise,
         noise_rng, device=device) if with_stats else None
-    # The train accuracy is computed on the private data: not released under DP.
+    # No train accuracy: it would be computed on the private data, outside the accountant.
     return ClientUpdate(state=_cpu_state(model), num_examples=released, label_counts=counts,
                         metrics={"local-train-accuracy": float("nan"), **spent.metrics()},
                         token_stats=stats, privacy=spent)

@@ -33,7 +33,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from fedmitr_core.config import ClientConfig, ConfigError, PrivacyConfig
 from fedmitr_core.data.batches import random_shift
 from fedmitr_core.data.datasets import Split
-from fedmitr_core.models.evaluate import accuracy
 from fedmitr_core.models.token_stats import TokenStats
 from fedmitr_core.models.tokens import forward_gathered_layers
 from fedmitr_core.runtime import set_seed
@@ -103,8 +102,8 @@ def calibrate_noise(target_epsilon: float, delta: float, sample_rate: float, ste
 
 def train_local_private(model: nn.Module, data: Split, cfg: ClientConfig,
                         privacy: PrivacyConfig, device: torch.device, seed: int,
-                        releases: list[Step]) -> tuple[float, PrivacySpent]:
-    """Train ``model`` in place with DP-SGD; its final train accuracy and the privacy spent.
+                        releases: list[Step]) -> PrivacySpent:
+    """Train ``model`` in place with DP-SGD; the privacy spent.
 
     ``releases`` (:func:`release_steps`) are composed into the reported ε and, with
     a target ``dp-epsilon``, into the noise calibration.
@@ -147,9 +146,8 @@ def train_local_private(model: nn.Module, data: Split, cfg: ClientConfig,
     model.eval()
     # ε over every planned step (an empty draw still counts: it was sampled).
     history = ((sigma, sample_rate, steps), *releases)
-    spent = PrivacySpent(epsilon_of(history, privacy.dp_delta), privacy.dp_delta, sigma,
-                         sample_rate, steps, history)
-    return accuracy(model, data, device), spent
+    return PrivacySpent(epsilon_of(history, privacy.dp_delta), privacy.dp_delta, sigma,
+                        sample_rate, steps, history)
 
 
 def private_label_counts(labels: np.ndarray, num_classes: int, noise: float,
