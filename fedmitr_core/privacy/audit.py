@@ -74,10 +74,10 @@ def audit_space(pool: torch.Tensor, members: torch.Tensor, non_members: torch.Te
             "pool-attack-auc": attack}
 
 
-@torch.no_grad()
 def embed_with(model: nn.Module, batch_size: int = 256) -> Embed:
     """The fixed feature space of ``model``: its pre-logits features (timm ``forward_head``)."""
 
+    @torch.no_grad()
     def embed(images: torch.Tensor) -> torch.Tensor:
         model.eval()
         parts = [model.forward_head(model.forward_features(x), pre_logits=True)
@@ -94,10 +94,9 @@ def audit_pool(pool: torch.Tensor, members: Split, non_members: Split, embed: Em
     ``members`` and ``non_members`` should be balanced by class
     (:func:`balanced_members`).
     """
-    with torch.no_grad():
-        return {"pixel": audit_space(pool, members.images, non_members.images),
-                "feature": audit_space(embed(pool), embed(members.images),
-                                       embed(non_members.images))}
+    return {"pixel": audit_space(pool, members.images, non_members.images),
+            "feature": audit_space(embed(pool), embed(members.images),
+                                   embed(non_members.images))}
 
 
 @torch.no_grad()
