@@ -98,7 +98,8 @@ def test_paper_preset_runs_end_to_end_on_tiny_data(name, tmp_path, timm_checkpoi
     # Sparse inversion kept the number of tokens its schedule says (196 at 224 px).
     pool = load_file(str(run_dir / "state" / "pools" / "sparse-inversion.safetensors"))
     patches = (size // patch) ** 2
-    prune_steps = len({max(1, round(f * CUT["inv-iterations"])) for f in (0.3, 0.6)})
+    schedule = [float(f) for f in str(shipped["prune-at"]).split(",")]  # SMI's
+    prune_steps = len({max(1, round(f * CUT["inv-iterations"])) for f in schedule})
     kept = pool["kept_mask"].sum(dim=1)
     assert pool["kept_mask"].shape[1] == patches
     assert (kept == _tokens_after(prune_steps, patches)).all(), kept
