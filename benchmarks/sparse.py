@@ -220,13 +220,14 @@ def preset_estimate(name: str, gflops: float) -> dict[str, Any]:
     """
     from benchmarks.accuracy import load_sweep
     from fedmitr_core.config import parse_config
+    from fedmitr_core.synthesis.inversion import prune_steps
 
     run_config, sweep = load_sweep(ROOT / "sim_configs" / f"{name}.yaml")
     cfg = parse_config(run_config)
     inv, k = cfg.inversion, int(sweep.get("num-clients", 10))
     patches = (cfg.data.image_size // cfg.model.patch_size) ** 2
-    steps = sorted({max(1, int(round(f * inv.inv_iterations))) for f in inv.prune_at})
-    share = token_work(inv.inv_iterations, steps, inv.prune_ratio, patches)
+    share = token_work(inv.inv_iterations, prune_steps(inv.prune_at, inv.inv_iterations),
+                       inv.prune_ratio, patches)
     f = gflops * 1e9
     train = PRESET_TRAIN_IMAGES[name] * (1 - cfg.data.val_fraction)
     pflops = {"clients": cfg.client.local_epochs * train * 3 * f / 1e15,
@@ -281,6 +282,8 @@ def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
 def run(iterations: int, batch: int, teachers: int, memory_batches: list[int],
         student_steps: int = 3) -> dict[str, Any]:
     """Every case of the benchmark; the speed-ups filled in against dense."""
+    from benchmarks.accuracy import load_sweep
+
     inversion = [_in_subprocess("inversion", arch=a, schedule=s, teachers=teachers,
                                 batch=batch, iterations=iterations)
                  for a in ARCHS for s in SCHEDULES]
@@ -302,8 +305,6 @@ def run(iterations: int, batch: int, teachers: int, memory_batches: list[int],
     memory = [_in_subprocess("memory", batch=b) for b in memory_batches]
     presets = []
     for name in PRESET_TRAIN_IMAGES:
-        from benchmarks.accuracy import load_sweep
-
         keys = load_sweep(ROOT / "sim_configs" / f"{name}.yaml")[0]
         flops = _in_subprocess("flops", model=keys["model"], size=keys["image-size"],
                                patch=keys["patch-size"])

@@ -35,6 +35,11 @@ def _patch_to_pixel_mask(mask: torch.Tensor, grid: int, patch: int) -> torch.Ten
     return m.repeat_interleave(patch, dim=2).repeat_interleave(patch, dim=3)
 
 
+def prune_steps(prune_at: tuple[float, ...], iterations: int) -> list[int]:
+    """The steps (1-based) at which sparse inversion prunes: each fraction of ``iterations``."""
+    return sorted({max(1, int(round(f * iterations))) for f in prune_at})
+
+
 class ModelInverter:
     """Synthesises images from the ensemble (DeepInversion-style optimisation).
 
@@ -85,9 +90,8 @@ class ModelInverter:
         self.grid = spec.image_size // patch_size
         self.num_patches = self.grid * self.grid
         self.flip = settings.inv_flip and spec.hflip_ok
-        iterations = settings.inv_iterations
-        prune_at = settings.prune_at if sparse else ()
-        self.prune_steps = sorted({max(1, int(round(f * iterations))) for f in prune_at})
+        self.prune_steps = prune_steps(settings.prune_at if sparse else (),
+                                       settings.inv_iterations)
         self.loss = InversionLoss(settings.inv_tv, settings.inv_l2, settings.inv_objective)
         self.temperature = label_temperature
         self.precision = precision
