@@ -12,8 +12,11 @@ the test split the non-members, balanced by class
 (:func:`fedmitr_core.privacy.audit.balanced_members`). Each saved pool is audited in
 pixel space and in the feature space of a fixed, seeded, never-trained ViT of the
 run's architecture (it knows neither set, so it cannot favour members); each method's
-global model gets the loss-threshold membership attack. Writes ``audit.json``,
-``audit.md`` (mean ± std over the runs of each split and variant) and ``audit.png``.
+global model gets the loss-threshold membership attack. Runs made with
+``privacy-audit=true`` also carry the audit of the clients' own uploads (the loss
+attack on each client's model, the tracing attack on its token statistics; from
+their ``metrics.json``), the reference risk. Writes ``audit.json``, ``audit.md``
+(mean ± std over the runs of each split and variant) and ``audit.png``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.privacy.audit import audit_state
 
 POOL_FIGURES = ("pool-to-train-median", "pool-to-heldout-median", "closer-to-train",
-                "pool-attack-auc")
+                "pool-attack-auc", "pool-attack-tpr")
+CLIENT_FIGURES = ("loss-attack-auc", "loss-attack-tpr", "stats-attack-auc", "stats-attack-tpr")
 
 
 def audit_run(run_dir: Path) -> dict[str, Any]:
@@ -41,7 +45,11 @@ def audit_run(run_dir: Path) -> dict[str, Any]:
     settings = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     cfg = parse_config({k: v for k, v in settings.items() if k != "preset"})
     data = load_dataset(cfg.data, cfg.seed)
-    return {"run": run_dir.name,
+    metrics_file = run_dir / "metrics.json"
+    metrics = (json.loads(metrics_file.read_text(encoding="utf-8"))
+               if metrics_file.is_file() else {})
+    clients = metrics.get("privacy-audit", {}).get("clients", {})
+    return {"run": run_dir.name, "clients": clients,
             **audit_state(run_dir / "state", data, vit_factory(cfg.model, data.spec))}
 
 
@@ -62,6 +70,8 @@ def write_report(records: list[dict[str, Any]], out: Path) -> str:
     (out / "audit.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
     pools: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     attacks: dict[tuple[str, str], list[float]] = defaultdict(list)
+    tprs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    clients: dict[tuple[str, str], list[float]] = defaultdict(list)
     for rec in records:
         group = _group(rec["run"])
         for pool, spaces in rec["pools"].items():
@@ -70,6 +80,11 @@ def write_report(records: list[dict[str, Any]], out: Path) -> str:
                     pools[(group, f"{pool} ({space})", key)].append(figures[key])
         for method, auc in rec["loss-attack-auc"].items():
             attacks[(group, method)].append(auc)
+            tprs[(group, method)].append(rec.get("loss-attack-tpr", {}).get(method, np.nan))
+        for row in rec.get("clients", {}).values():
+            for key in CLIENT_FIGURES:
+                if key in row:
+                    clients[(group, key)].append(row[key])
     rows = sorted({(g, p) for g, p, _ in pools})
     md = ["# Privacy audit", "",
           f"{len(records)} runs: {', '.join(r['run'] for r in records)}. Members: the "
@@ -80,9 +95,19 @@ def write_report(records: list[dict[str, Any]], out: Path) -> str:
           "|---|---|" + "---|" * len(POOL_FIGURES)]
     md += [f"| {g} | {p} | " + " | ".join(_mean_std(pools[(g, p, k)]) for k in POOL_FIGURES)
            + " |" for g, p in rows]
-    md += ["", "## Global models: loss-threshold membership attack (AUC; 0.5 = no signal)",
-           "", "| split variant | method | AUC |", "|---|---|---|"]
-    md += [f"| {g} | {m} | {_mean_std(v)} |" for (g, m), v in sorted(attacks.items())]
+    md += ["", "## Global models: loss-threshold membership attack (AUC 0.5, TPR 0.01: no "
+           "signal)", "", "| split variant | method | AUC | TPR at 1 % FPR |", "|---|---|---|---|"]
+    md += [f"| {g} | {m} | {_mean_std(v)} | {_mean_std(tprs[(g, m)])} |"
+           for (g, m), v in sorted(attacks.items())]
+    groups = sorted({g for g, _ in clients})
+    if groups:
+        md += ["", "## The clients' own uploads: the reference risk", "",
+               "Loss attack on each client's uploaded model, tracing attack on its token "
+               "statistics; members: that client's images. Mean ± std over clients and runs.",
+               "", "| split variant | " + " | ".join(CLIENT_FIGURES) + " |",
+               "|---|" + "---|" * len(CLIENT_FIGURES)]
+        md += [f"| {g} | " + " | ".join(_mean_std(clients[(g, k)]) for k in CLIENT_FIGURES)
+               + " |" for g in groups]
     text = "\n".join(md) + "\n"
     (out / "audit.md").write_text(text, encoding="utf-8")
     _plot(attacks, pools, out / "audit.png")

@@ -28,7 +28,7 @@ from fedmitr_core.data.datasets import DatasetSplits
 from fedmitr_core.methods import METHODS, ROUND_METHODS, ServerContext
 from fedmitr_core.models.evaluate import accuracy
 from fedmitr_core.models.vit import vit_factory
-from fedmitr_core.privacy.audit import audit_state
+from fedmitr_core.privacy.audit import audit_clients, audit_state
 from fedmitr_core.progress import Emit
 from fedmitr_core.runtime import NonFiniteLossError, resolve_device, set_seed, uses_bf16
 from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet, select_teachers
@@ -131,18 +131,25 @@ def run_pipeline(cfg: FedMITRConfig, data: DatasetSplits, run_dir: Path,
     results, global_model, first_pool = run_methods(ctx, data)
     add_references(ctx, data, results)
     status = run_status(results, cfg.server.methods)
-    audit = (_privacy_audit(ctx, data, state_dir, emit or print)
-             if cfg.server.privacy_audit else None)
+    report = read_upload_report(source)
+    audit = (_privacy_audit(ctx, data, state_dir, uploads, report.get("num-partitions"),
+                            emit or print) if cfg.server.privacy_audit else None)
     write_outputs(ctx, run_dir, results, global_model, first_pool,
-                  {**read_upload_report(source), "screening": screening.record()}, status,
-                  audit)
+                  {**report, "screening": screening.record()}, status, audit)
     return ServerOutcome(global_model=global_model, results=results, status=status)
 
 
-def _privacy_audit(ctx: ServerContext, data: DatasetSplits, state_dir: Path, log: Emit
-                   ) -> dict[str, Any]:
-    """The experimenter's audit (it reads the clients' training split: simulations only)."""
+def _privacy_audit(ctx: ServerContext, data: DatasetSplits, state_dir: Path,
+                   uploads: TeacherSet, num_partitions: Any, log: Emit) -> dict[str, Any]:
+    """The experimenter's audit (it reads the clients' training split: simulations only).
+
+    The clients' own uploads are audited too when the run knows its partitions.
+    """
     audit = audit_state(state_dir, data, ctx.new_vit, ctx.cfg.seed)
+    if isinstance(num_partitions, int) and num_partitions > 0:
+        audit["clients"] = audit_clients(uploads, data, ctx.cfg.partition, num_partitions,
+                                         ctx.cfg.seed)
+        _log_client_audit(audit["clients"], log)
     for method, auc in audit["loss-attack-auc"].items():
         pool = audit["method-pools"].get(method)
         pool_auc = (f", its pool's distance attack "
@@ -151,6 +158,15 @@ def _privacy_audit(ctx: ServerContext, data: DatasetSplits, state_dir: Path, log
                     if pool else "")
         log(f"privacy audit: {method}: loss attack AUC {auc:.3f}{pool_auc} (0.5: no signal)")
     return audit
+
+
+def _log_client_audit(clients: dict[str, dict[str, float]], log: Emit) -> None:
+    for key, what in (("loss-attack-auc", "loss attack on their models"),
+                      ("stats-attack-auc", "tracing attack on their token statistics")):
+        aucs = [row[key] for row in clients.values() if key in row]
+        if aucs:
+            log(f"privacy audit: clients' uploads: {what}: AUC {np.mean(aucs):.3f} mean, "
+                f"{max(aucs):.3f} max over {len(aucs)} clients (0.5: no signal)")
 
 
 def _log_screening(screening: Screening, log: Emit) -> None:

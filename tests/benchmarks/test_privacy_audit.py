@@ -11,7 +11,8 @@ from benchmarks.privacy_audit import main
 def test_a_finished_benchmark_run_is_audited_pool_by_pool_and_model_by_model(tiny, tmp_path):
     preset = tmp_path / "tiny.yaml"
     preset.write_text(yaml.safe_dump({
-        "run-config": {**tiny, "local-epochs": 3, "methods": "fedmitr,deepinversion"},
+        "run-config": {**tiny, "local-epochs": 3, "methods": "fedmitr,deepinversion",
+                       "privacy-audit": True},
         "sweep": {"num-clients": 3, "seeds": [0],
                   "splits": [{"partitioner": "dirichlet", "alpha": 0.5}]}}))
     run_benchmark(preset, results_root=tmp_path / "results", cache_dir=tmp_path / "cache")
@@ -29,6 +30,9 @@ def test_a_finished_benchmark_run_is_audited_pool_by_pool_and_model_by_model(tin
             assert 0.0 < figures["pool-attack-auc"] < 1.0
             assert figures["pool-to-train-median"] > 0.0
     assert set(rec["loss-attack-auc"]) == {"fedmitr", "deepinversion"}
+    # The clients' own uploads, read from the run's metrics.json (privacy-audit=true).
+    assert sorted(rec["clients"]) == [f"partition-{i:04d}" for i in range(3)]
     table = (results / "audit" / "audit.md").read_text()
     assert "| dir-0.5 | sparse-inversion (pixel) |" in table and "| dir-0.5 | fedmitr |" in table
+    assert "## The clients' own uploads" in table
     assert (results / "audit" / "audit.png").is_file()

@@ -7,12 +7,17 @@ import torch
 from fedmitr_core.client.training import train_local
 from fedmitr_core.config import parse_config
 from fedmitr_core.data.datasets import load_dataset
+from fedmitr_core.models.token_stats import token_statistics
 from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.privacy.audit import (
+    attack_figures,
     audit_pool,
     balanced_members,
     embed_with,
+    image_moments,
     loss_attack_auc,
+    released_moments,
+    tracing_attack,
 )
 
 
@@ -64,3 +69,42 @@ def test_the_loss_attack_finds_an_overfit_model_and_not_an_untrained_one(audit_s
     client = parse_config({"local-epochs": 150, "local-shift": 0}).client
     train_local(overfit, members, client, torch.device("cpu"), seed=0)
     assert loss_attack_auc(overfit, members, non_members) > 0.8
+
+
+def test_released_statistics_are_the_mean_of_the_images_moments(audit_sets):
+    cfg, splits, members, _ = audit_sets
+    vit = vit_factory(cfg.model, splits.spec)()
+    images = members.images[:50]
+    rows = image_moments(vit, images, batch_size=16)
+    assert torch.allclose(rows.mean(dim=0), released_moments(token_statistics(vit, images)),
+                          rtol=1e-4, atol=1e-5)
+
+
+def test_the_tracing_attack_finds_members_of_a_small_release_and_only_them(tiny):
+    cfg = parse_config(dict(tiny))
+    splits = load_dataset(cfg.data, 0)
+    # Drawn across the whole training split: digits are ordered by writer, and a block
+    # of neighbours would share writers with a release of other neighbours.
+    drawn = np.random.default_rng(5).permutation(len(splits.train))[:400]
+    members, non_members = balanced_members(splits.train.subset(drawn), splits.test,
+                                            np.random.default_rng(0))
+    vit = vit_factory(cfg.model, splits.spec)()
+    pick = np.sort(np.random.default_rng(1).choice(len(members), 40, replace=False))
+    # Same positions in both sets hold the same classes (balanced_members).
+    inside, outside = members.subset(pick), non_members.subset(pick)
+    few_in, few_out = inside.subset(np.arange(10)), outside.subset(np.arange(10))
+    auc, tpr = tracing_attack(vit, token_statistics(vit, few_in.images), few_in, few_out,
+                              splits.val)
+    assert auc > 0.9 and tpr > 0.5
+    others = np.setdiff1d(np.arange(len(members)), pick)[:10]
+    auc, _ = tracing_attack(vit, token_statistics(vit, members.subset(others).images),
+                            inside, outside, splits.val)
+    assert abs(auc - 0.5) < 0.15
+
+
+def test_attack_figures_read_the_low_false_positive_end_of_the_curve():
+    members = torch.tensor([10.0, 9.0, 1.0, 0.5])
+    non_members = torch.arange(100, dtype=torch.float32) / 100  # all below 1.0
+    auc, tpr = attack_figures(members, non_members)
+    assert tpr == 0.75  # three members above every non-member, at no false positive
+    assert 0.75 < auc < 1.0

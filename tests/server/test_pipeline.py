@@ -88,7 +88,15 @@ def test_the_privacy_audit_runs_when_asked_and_lands_in_metrics_json(uploads, tm
     assert audit["method-pools"] == {"deepinversion": "dense-inversion"}
     assert 0.0 < audit["pools"]["dense-inversion"]["pixel"]["pool-attack-auc"] < 1.0
     assert 0.0 < audit["loss-attack-auc"]["deepinversion"] < 1.0
+    assert 0.0 <= audit["loss-attack-tpr"]["deepinversion"] <= 1.0
     assert any(line.startswith("privacy audit: deepinversion: loss attack AUC")
                for line in lines)
+    # The clients' own uploads: every one attacked with its own images as members.
+    clients = audit["clients"]
+    assert sorted(clients) == [f"partition-{i:04d}" for i in range(3)]
+    for row in clients.values():
+        assert row["members"] > 0
+        assert 0.0 < row["loss-attack-auc"] < 1.0 and 0.0 < row["stats-attack-auc"] < 1.0
+    assert any("tracing attack on their token statistics" in line for line in lines)
     run_pipeline(cfg, data, tmp_path / "plain", source=source)
     assert "privacy-audit" not in json.loads((tmp_path / "plain" / "metrics.json").read_text())
