@@ -37,6 +37,7 @@ StudentInit = Literal["fedavg", "scratch"]
 StudentTokens = Literal["kept", "kept-live", "all"]
 TokenHeadInit = Literal["random", "cls-head"]
 StatsTeachers = Literal["uniform", "class"]
+StatsPruned = Literal["kept", "frozen"]
 FallbackPrior = Literal["none", "patch-similarity"]
 PrivateStats = Literal["gaussian", "off"]
 # Kept equal to fedmitr_core.models.MODEL_PRESETS and fedmitr_core.methods.METHODS by tests.
@@ -226,7 +227,9 @@ class PriorConfig:
     ``fedftg-stats``). ``feature-stats-layers``: ``all-but-last``, ``all`` or
     comma-separated layer indices (0: the embedding, ``i + 1``: block ``i``).
     ``feature-stats-teachers``: each teacher's term weighted ``uniform`` or by
-    its share of the batch's target classes (``class``). ``fallback-prior``:
+    its share of the batch's target classes (``class``). ``feature-stats-pruned``:
+    under sparse inversion, match the moments of the ``kept`` tokens, or of the kept
+    and the pruned ones at their features when pruned (``frozen``). ``fallback-prior``:
     what covers the teachers without statistics (all of them when
     ``feature-stats`` is false): ``none`` or ``patch-similarity`` (PSAQ-ViT's
     patch-similarity entropy) at ``fallback-prior-weight``.
@@ -236,6 +239,7 @@ class PriorConfig:
     feature_stats_weight: float = 10.0
     feature_stats_layers: str = "all-but-last"
     feature_stats_teachers: StatsTeachers = "uniform"
+    feature_stats_pruned: StatsPruned = "kept"
     fallback_prior: FallbackPrior = "none"
     fallback_prior_weight: float = 1.0
 

@@ -22,7 +22,7 @@ from fedmitr_core.runtime import autocast, check_finite
 from fedmitr_core.server.ensemble import TeacherEnsemble
 from fedmitr_core.synthesis.losses import InversionLoss
 from fedmitr_core.synthesis.pool import SyntheticPool
-from fedmitr_core.synthesis.prior import SynthesisPrior
+from fedmitr_core.synthesis.prior import FrozenTokens, SynthesisPrior, masked_sums
 
 
 def _mask_from_indices(keep_idx: torch.Tensor, num_patches: int) -> torch.Tensor:
@@ -142,6 +142,7 @@ class ModelInverter:
         keep_idx = all_patch_indices(b, self.num_patches, device)
         pixel_mask = torch.ones(b, 1, *self.image_shape[1:], device=device)
         weights = self.ensemble.target_weights(labels)  # (K, B)
+        frozen: FrozenTokens | None = None
         for step in range(1, s.inv_iterations + 1):
             x, idx = self._jitter(images, keep_idx, rng)
             with autocast(device, self.precision):
@@ -153,7 +154,7 @@ class ModelInverter:
             mixture = self.ensemble.mixture(logits)
             loss, parts = self.loss(logits, mixture, weights, labels, images * pixel_mask)
             if self.prior is not None:
-                prior_loss, prior_parts = self.prior(reduced, weights)
+                prior_loss, prior_parts = self.prior(reduced, weights, frozen)
                 loss, parts = loss + prior_loss, {**parts, **prior_parts}
             check_finite(loss, f"inversion step {step} of {s.inv_iterations}")
             opt.zero_grad(set_to_none=True)
@@ -163,8 +164,10 @@ class ModelInverter:
             if step in self.prune_steps:
                 score = self._patch_scores(weights, attn, rng)
                 n_keep = max(1, keep_idx.shape[1] - int(s.prune_ratio * keep_idx.shape[1]))
-                order = score.argsort(dim=1, descending=True)[:, :n_keep]
-                keep_idx = torch.gather(keep_idx, 1, order).sort(dim=1).values
+                order = score.argsort(dim=1, descending=True)
+                if self.prior is not None and self.prior.reads_pruned:
+                    frozen = self._freeze(images.detach(), keep_idx, order[:, n_keep:], frozen)
+                keep_idx = torch.gather(keep_idx, 1, order[:, :n_keep]).sort(dim=1).values
                 pixel_mask = _patch_to_pixel_mask(
                     _mask_from_indices(keep_idx, self.num_patches), self.grid, self.patch)
             if progress is not None:
@@ -176,6 +179,25 @@ class ModelInverter:
         # blank them (0 is the dataset mean in normalised space) or keep them as they are.
         final = images * pixel_mask if s.pruned_patches == "blank" else images
         return self._finish(final.detach(), labels, keep_idx, rng)
+
+    @torch.no_grad()
+    def _freeze(self, images: torch.Tensor, keep_idx: torch.Tensor, dropped: torch.Tensor,
+                frozen: FrozenTokens | None) -> FrozenTokens:
+        """``frozen`` plus the tokens about to be pruned (positions ``dropped`` of ``keep_idx``).
+
+        One forward over the tokens kept until now reads their features in context.
+        """
+        mask = torch.zeros(keep_idx.shape, dtype=torch.bool, device=keep_idx.device)
+        mask.scatter_(1, dropped, True)
+        with autocast(images.device, self.precision):
+            _, _, (first, second) = self.ensemble.teacher_outputs_layers(
+                images, keep_idx, masked_sums(mask))
+        count = dropped.numel()
+        kept = mask.numel() - count
+        if frozen is None:
+            return FrozenTokens(first.float(), second.float(), count, kept)
+        return FrozenTokens(frozen.first + first.float(), frozen.second + second.float(),
+                            frozen.count + count, kept)
 
     @torch.no_grad()
     def _finish(self, images: torch.Tensor, labels: torch.Tensor, keep_idx: torch.Tensor,

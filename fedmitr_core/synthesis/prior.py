@@ -16,6 +16,8 @@ the reductions into a loss term (:meth:`SynthesisPrior.forward`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,18 +31,58 @@ from fedmitr_core.server.ensemble import TeacherEnsemble
 Reduced = tuple[torch.Tensor, ...]
 
 
+@dataclass(frozen=True)
+class FrozenTokens:
+    """The patch tokens sparse inversion pruned so far, at the features they had when pruned.
+
+    ``first`` and ``second``: per-teacher sums of their features and squared
+    features, ``(K, depth + 1, D)``; ``count`` of them in the batch; ``kept``:
+    the tokens the forward still carries (batch × kept patches).
+    """
+
+    first: torch.Tensor
+    second: torch.Tensor
+    count: int
+    kept: int
+
+    def merge(self, mean: torch.Tensor, var: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Moments of the kept tokens ``(K, depth + 1, D)`` -> moments of kept and pruned."""
+        total = self.kept + self.count
+        merged_mean = (mean * self.kept + self.first) / total
+        second = ((var + mean * mean) * self.kept + self.second) / total
+        return merged_mean, (second - merged_mean * merged_mean).clamp_min(0.0)
+
+
+def masked_sums(mask: torch.Tensor) -> Callable[[torch.Tensor], Reduced]:
+    """A layer reduction: per-channel sums of the features and their squares, masked.
+
+    Only the tokens where ``mask`` ``(B, n)`` is True count; sums run over the batch.
+    """
+    weights = mask.float().unsqueeze(-1)
+
+    def reduce(patches: torch.Tensor) -> Reduced:
+        chosen = patches * weights
+        return chosen.sum(dim=(0, 1)), (chosen * patches).sum(dim=(0, 1))
+
+    return reduce
+
+
 class SynthesisPrior(nn.Module):
     """A loss term computed from per-layer reductions of each teacher's patch tokens."""
 
     num_outputs = 0  # how many tensors ``reduce`` returns
+    reads_pruned = False  # whether ``forward`` counts the tokens sparse inversion pruned
 
     def reduce(self, patches: torch.Tensor) -> Reduced:
         """Patch tokens ``(B, n, D)`` of one layer -> this prior's tensors."""
         raise NotImplementedError
 
-    def forward(self, reduced: Reduced, target_weights: torch.Tensor
-                ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The weighted term and its parts, from ``reduced`` ``(K, depth + 1, ...)`` each."""
+    def forward(self, reduced: Reduced, target_weights: torch.Tensor,
+                frozen: FrozenTokens | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        """The weighted term and its parts, from ``reduced`` ``(K, depth + 1, ...)`` each.
+
+        ``frozen``: the tokens pruned so far, for a prior that ``reads_pruned``.
+        """
         raise NotImplementedError
 
 
@@ -72,14 +114,21 @@ class FeatureStatsPrior(SynthesisPrior):
         Layer indices to match (0: the embedding, ``i + 1``: block ``i``).
     teachers
         ``uniform`` or ``class``.
+    pruned
+        Under sparse inversion, the batch's moments are those of the kept tokens
+        (``kept``), or of the kept tokens and the pruned ones at the features they
+        had when pruned (``frozen``): the clients' statistics cover every token of
+        their images, background included, and kept tokens alone are pulled to
+        look like all of them.
     """
 
     num_outputs = 2
 
     def __init__(self, weight: float, target_mean: torch.Tensor, target_var: torch.Tensor,
-                 available: torch.Tensor, layers: list[int], teachers: str = "uniform"
-                 ) -> None:
+                 available: torch.Tensor, layers: list[int], teachers: str = "uniform",
+                 pruned: str = "kept") -> None:
         super().__init__()
+        self.reads_pruned = pruned == "frozen"
         if not bool(available.any()):
             raise ValueError("the feature-statistics prior needs at least one teacher "
                              "with token statistics")
@@ -103,9 +152,11 @@ class FeatureStatsPrior(SynthesisPrior):
         # on the device, no host sync in the inversion loop).
         return torch.where(total > 0, share / total.clamp_min(1e-12), _shares(self.available))
 
-    def forward(self, reduced: Reduced, target_weights: torch.Tensor
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+    def forward(self, reduced: Reduced, target_weights: torch.Tensor,
+                frozen: FrozenTokens | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         batch_mean, batch_var = reduced
+        if frozen is not None and self.reads_pruned:
+            batch_mean, batch_var = frozen.merge(batch_mean.float(), batch_var.float())
         dist = ((batch_mean[:, self.layers].float() - self.target_mean).norm(dim=-1)
                 + (batch_var[:, self.layers].float() - self.target_var).norm(dim=-1))
         value = (self.teacher_shares(target_weights) * dist.sum(dim=1)).sum()
@@ -157,8 +208,8 @@ class PatchSimilarityPrior(SynthesisPrior):
         """The layer's :func:`similarity_entropy` per image."""
         return (similarity_entropy(patches),)
 
-    def forward(self, reduced: Reduced, target_weights: torch.Tensor
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+    def forward(self, reduced: Reduced, target_weights: torch.Tensor,
+                frozen: FrozenTokens | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         entropy = reduced[0][:, self.layers].float().mean(dim=-1).sum(dim=1)  # (K,)
         value = (self.shares * entropy).sum()
         return -self.weight * value, {"similarity": float(value.detach())}
@@ -171,15 +222,17 @@ class CombinedPrior(SynthesisPrior):
         super().__init__()
         self.priors = nn.ModuleList(priors)
         self.num_outputs = sum(p.num_outputs for p in priors)
+        self.reads_pruned = any(p.reads_pruned for p in priors)
 
     def reduce(self, patches: torch.Tensor) -> Reduced:
         return tuple(t for p in self.priors for t in p.reduce(patches))
 
-    def forward(self, reduced: Reduced, target_weights: torch.Tensor
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+    def forward(self, reduced: Reduced, target_weights: torch.Tensor,
+                frozen: FrozenTokens | None = None) -> tuple[torch.Tensor, dict[str, float]]:
         total, parts, start = torch.zeros((), device=reduced[0].device), {}, 0
         for prior in self.priors:
-            term, prior_parts = prior(reduced[start:start + prior.num_outputs], target_weights)
+            term, prior_parts = prior(reduced[start:start + prior.num_outputs], target_weights,
+                                      frozen)
             total, start = total + term, start + prior.num_outputs
             parts.update(prior_parts)
         return total, parts
@@ -201,7 +254,8 @@ def synthesis_prior(ensemble: TeacherEnsemble, settings: PriorConfig, stats_weig
         mean, var = ensemble.stats_targets()
         layers = prior_layers(settings.feature_stats_layers, mean.shape[1] - 1)
         priors.append(FeatureStatsPrior(stats_weight, mean, var, has_stats, layers,
-                                        settings.feature_stats_teachers))
+                                        settings.feature_stats_teachers,
+                                        settings.feature_stats_pruned))
     without = ~has_stats
     if settings.fallback_prior == "patch-similarity" and settings.fallback_prior_weight > 0 \
             and bool(without.any()):

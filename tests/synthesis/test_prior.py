@@ -10,14 +10,16 @@ import torch.nn.functional as F
 from fedmitr_core.config import InversionConfig, PriorConfig
 from fedmitr_core.data.datasets import DataSpec
 from fedmitr_core.models.token_stats import token_statistics
-from fedmitr_core.models.tokens import token_moments
+from fedmitr_core.models.tokens import forward_gathered_layers, token_moments
 from fedmitr_core.models.vit import build_vit
 from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet
 from fedmitr_core.synthesis.inversion import ModelInverter
 from fedmitr_core.synthesis.prior import (
     CombinedPrior,
     FeatureStatsPrior,
+    FrozenTokens,
     PatchSimilarityPrior,
+    masked_sums,
     similarity_entropy,
     synthesis_prior,
 )
@@ -165,6 +167,67 @@ def test_sparse_inversion_matches_the_kept_tokens(monkeypatch):
                   prior=_prior(ens)).synthesize(torch.arange(4), torch.Generator().manual_seed(0))
     # 16 patches, 30 % pruned after steps 3 and 6: 16, then 12, then 9 tokens matched.
     assert seen == [16] * 3 + [12] * 3 + [9] * 4
+
+
+def test_kept_and_frozen_moments_merge_into_the_moments_of_every_token():
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randn(2, 4, 16, 8, generator=gen) * 3 + 1  # (K, B, n, D)
+    pruned = torch.zeros(4, 16, dtype=torch.bool)
+    pruned[:, 10:] = True  # the last 6 patches of every image were pruned
+    kept = [token_moments(t[:, :10]) for t in tokens]
+    sums = [masked_sums(pruned)(t) for t in tokens]
+    frozen = FrozenTokens(torch.stack([f for f, _ in sums]).unsqueeze(1),
+                          torch.stack([s for _, s in sums]).unsqueeze(1), count=24, kept=40)
+    mean, var = frozen.merge(torch.stack([m for m, _ in kept]).unsqueeze(1),
+                             torch.stack([v for _, v in kept]).unsqueeze(1))
+    every = [token_moments(t) for t in tokens]
+    torch.testing.assert_close(mean[:, 0], torch.stack([m for m, _ in every]))
+    torch.testing.assert_close(var[:, 0], torch.stack([v for _, v in every]), rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("pruned", ["kept", "frozen"])
+def test_sparse_inversion_counts_the_pruned_tokens_only_when_asked(monkeypatch, pruned):
+    ens = TeacherEnsemble(_teachers(3), "class", "loop", CPU)
+    prior = _prior(ens, feature_stats_pruned=pruned)
+    calls = []
+    original = prior.forward
+
+    def spy(reduced, weights, frozen=None):
+        calls.append(frozen)
+        return original(reduced, weights, frozen)
+
+    monkeypatch.setattr(prior, "forward", spy)
+    settings = replace(InversionConfig(), inv_iterations=10, prune_at=(0.3, 0.6))
+    images = torch.Generator().manual_seed(0)
+    ModelInverter(ens, settings, SPEC, 4, sparse=True, label_temperature=3.0,
+                  prior=prior).synthesize(torch.arange(4), images)
+    if pruned == "kept":
+        assert calls == [None] * 10
+        return
+    # 4 images, 16 patches: 4 pruned from each after step 3, 3 more after step 6.
+    assert calls[:3] == [None] * 3
+    assert [(f.count, f.kept) for f in calls[3:]] == [(16, 48)] * 3 + [(28, 36)] * 4
+    assert calls[3].first.shape == (3, 4, 48)
+
+
+def test_the_frozen_tokens_are_read_in_the_context_they_were_pruned_from():
+    ens = TeacherEnsemble(_teachers(3), "class", "vmap", CPU)
+    prior = _prior(ens, feature_stats_pruned="frozen")
+    inverter = ModelInverter(ens, InversionConfig(), SPEC, 4, sparse=True,
+                             label_temperature=3.0, prior=prior)
+    images = _smooth_images(2)
+    keep = torch.tensor([[0, 2, 5, 7, 9, 11], [1, 3, 4, 6, 8, 15]])
+    dropped = torch.tensor([[1, 4], [0, 5]])  # positions in keep: patches 2, 9 and 1, 15
+    frozen = inverter._freeze(images, keep, dropped, None)
+    assert (frozen.count, frozen.kept) == (4, 8)
+    for k, model in enumerate(ens.models):
+        _, _, (tokens,) = forward_gathered_layers(model, images, keep, lambda p: (p,))
+        chosen = torch.stack([tokens[:, 0, [1, 4]], tokens[:, 1, [0, 5]]], dim=1)
+        torch.testing.assert_close(frozen.first[k], chosen.sum(dim=(1, 2)), atol=1e-4,
+                                   rtol=1e-4)
+        torch.testing.assert_close(frozen.second[k], chosen.pow(2).sum(dim=(1, 2)), atol=1e-4,
+                                   rtol=1e-4)
 
 
 def test_the_generator_baselines_add_the_prior_to_their_loss():
