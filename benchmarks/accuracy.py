@@ -14,7 +14,9 @@ Writes ``benchmarks/results/<preset>[-<tag>]/``: ``table.md`` (test top-1,
 mean ± std over seeds), ``val_table.md`` (the validation split, on which
 defaults are chosen), ``results.json`` (every seed), ``runs/`` (each run's
 outputs), ``accuracy.png`` and, when ``methods`` holds ``fedavg-rounds``,
-``rounds.png`` (FedAvg accuracy against rounds, one-shot methods as lines).
+``rounds.png`` (FedAvg accuracy against rounds, one-shot methods as lines); with
+``privacy-audit=true``, ``audit/`` (``benchmarks.privacy_audit``'s report of every
+run's audit).
 
 ``--variant LABEL KEY=VALUE ...`` runs the server again on the same uploads with
 those keys changed (server keys only) and adds its methods' rows as
@@ -39,6 +41,7 @@ import numpy as np
 import torch
 import yaml
 
+from benchmarks.privacy_audit import write_report
 from benchmarks.upload_cache import cached_uploads, client_key
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data.datasets import DatasetSplits, load_dataset
@@ -349,7 +352,23 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
                variants)
     records = all_records()
     write_tables(records, out)
+    summarise_audits(out)
     return records
+
+
+def summarise_audits(out: Path) -> None:
+    """The privacy audits of the runs made with ``privacy-audit=true``, in ``<out>/audit/``.
+
+    Read from each run's ``metrics.json``; nothing is written when no run has one.
+    """
+    records = []
+    for run in sorted(p for p in (out / "runs").iterdir() if (p / "metrics.json").is_file()):
+        audit = json.loads((run / "metrics.json").read_text(encoding="utf-8")).get(
+            "privacy-audit")
+        if audit:
+            records.append({"run": run.name, **audit})
+    if records:
+        write_report(records, out / "audit")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -50,7 +50,8 @@ def audit_run(run_dir: Path) -> dict[str, Any]:
                if metrics_file.is_file() else {})
     clients = metrics.get("privacy-audit", {}).get("clients", {})
     return {"run": run_dir.name, "clients": clients,
-            **audit_state(run_dir / "state", data, vit_factory(cfg.model, data.spec))}
+            **audit_state(run_dir / "state", data, vit_factory(cfg.model, data.spec),
+                          pairs_picture=run_dir / "privacy_pairs.png")}
 
 
 def _group(run: str) -> str:

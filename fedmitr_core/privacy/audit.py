@@ -46,6 +46,7 @@ from fedmitr_core.data.partition import partition_indices
 from fedmitr_core.models.token_stats import TokenStats
 from fedmitr_core.models.tokens import forward_gathered_layers
 from fedmitr_core.server.ensemble import TeacherSet
+from fedmitr_core.server.reports import plot_closest_pairs
 from fedmitr_core.server.state import load_method_result, load_pool
 
 Embed = Callable[[torch.Tensor], torch.Tensor]
@@ -64,13 +65,31 @@ def balanced_members(members: Split, non_members: Split, rng: np.random.Generato
     return members.subset(np.concatenate(keep_m)), non_members.subset(np.concatenate(keep_n))
 
 
+def nearest(queries: torch.Tensor, references: torch.Tensor, chunk: int = 512
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """L2 distance from each query row to its nearest reference row, and that row's index."""
+    refs = references.flatten(1).double()
+    found = [torch.cdist(q.flatten(1).double(), refs).min(dim=1) for q in queries.split(chunk)]
+    return (torch.cat([f.values for f in found]).float(),
+            torch.cat([f.indices for f in found]))
+
+
 def nearest_distances(queries: torch.Tensor, references: torch.Tensor, chunk: int = 512
                       ) -> torch.Tensor:
     """L2 distance from each query row to its nearest reference row."""
-    refs = references.flatten(1).double()
-    out = [torch.cdist(q.flatten(1).double(), refs).min(dim=1).values
-           for q in queries.split(chunk)]
-    return torch.cat(out).float()
+    return nearest(queries, references, chunk)[0]
+
+
+def closest_pairs(pool: torch.Tensor, members: torch.Tensor, count: int = 8
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``count`` synthetic images nearest a member, in pixel space.
+
+    Returns their pool indices, the indices of their nearest members and the
+    distances, nearest first.
+    """
+    dist, idx = nearest(pool, members)
+    order = dist.argsort()[:count]
+    return order, idx[order], dist[order]
 
 
 def attack_figures(member_scores: torch.Tensor, non_member_scores: torch.Tensor,
@@ -227,12 +246,14 @@ def audit_clients(teachers: TeacherSet, data: DatasetSplits, partition: Partitio
 
 
 def audit_state(state_dir: Path, data: DatasetSplits, new_vit: Callable[[], nn.Module],
-                seed: int = 0) -> dict[str, Any]:
+                seed: int = 0, pairs_picture: Path | None = None) -> dict[str, Any]:
     """Every saved pool and finished method model in a run's ``state/``, audited.
 
     Members are ``data.train`` (the clients' images), non-members ``data.test``,
     balanced by class. The feature space is a ViT from ``new_vit`` initialised with
     ``seed`` and never trained: it knows neither set, so it cannot favour members.
+    With ``pairs_picture``, each pool's synthetic images nearest a training image
+    are drawn there beside those images (:func:`closest_pairs`).
     """
     members, non_members = balanced_members(data.train, data.test, np.random.default_rng(seed))
     with torch.random.fork_rng():
@@ -240,9 +261,14 @@ def audit_state(state_dir: Path, data: DatasetSplits, new_vit: Callable[[], nn.M
         embed = embed_with(new_vit())
     out: dict[str, Any] = {"members": len(members), "pools": {}, "loss-attack-auc": {},
                            "loss-attack-tpr": {}, "method-pools": {}}
+    pairs = {}
     for pool_file in sorted((state_dir / "pools").glob("*.safetensors")):
         pool, _ = load_pool(pool_file, torch.Generator())
         out["pools"][pool_file.stem] = audit_pool(pool.images, members, non_members, embed)
+        chosen, matches, dist = closest_pairs(pool.images, data.train.images)
+        pairs[pool_file.stem] = (pool.images[chosen], data.train.images[matches], dist)
+    if pairs_picture is not None and pairs:
+        plot_closest_pairs(pairs, pairs_picture)
     for folder in sorted(p for p in state_dir.iterdir() if (p / "result.json").is_file()):
         model, saved = load_method_result(folder, new_vit)
         (out["loss-attack-auc"][folder.name],

@@ -145,7 +145,8 @@ def _privacy_audit(ctx: ServerContext, data: DatasetSplits, state_dir: Path,
 
     The clients' own uploads are audited too when the run knows its partitions.
     """
-    audit = audit_state(state_dir, data, ctx.new_vit, ctx.cfg.seed)
+    audit = audit_state(state_dir, data, ctx.new_vit, ctx.cfg.seed,
+                        pairs_picture=state_dir.parent / "privacy_pairs.png")
     if isinstance(num_partitions, int) and num_partitions > 0:
         audit["clients"] = audit_clients(uploads, data, ctx.cfg.partition, num_partitions,
                                          ctx.cfg.seed)

@@ -153,6 +153,42 @@ def plot_synthetic_grid(pool: SyntheticPool, path: Path, patch_size: int, num_cl
     plot_pool_grids({"": pool}, path, patch_size, num_classes, per_class, title=title)
 
 
+def plot_closest_pairs(pairs: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                       path: Path) -> None:
+    """Each pool's synthetic images nearest a training image (top row) above those images.
+
+    ``pairs`` maps a pool's name to its synthetic images, their nearest training
+    images and the pixel distances (``fedmitr_core.privacy.audit.closest_pairs``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = max(len(d) for _, _, d in pairs.values())
+    fig, axes = plt.subplots(2 * len(pairs), cols, figsize=(1.2 * cols, 2.6 * len(pairs)),
+                             squeeze=False)
+    for block, (name, (synthetic, real, dist)) in enumerate(pairs.items()):
+        for row, images in enumerate((_to_rgb(synthetic), _to_rgb(real))):
+            for col in range(cols):
+                ax = axes[2 * block + row][col]
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if col >= len(images):
+                    ax.axis("off")
+                    continue
+                ax.imshow(images[col], interpolation="nearest")
+                if row == 0:
+                    ax.set_title(f"{float(dist[col]):.1f}", fontsize=7)
+            axes[2 * block + row][0].set_ylabel(
+                f"{name}\nsynthetic" if row == 0 else "nearest\ntraining", fontsize=6)
+    fig.suptitle("synthetic images nearest a client's training image (pixel L2 above each)",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_label_distribution(label_counts: np.ndarray, client_ids: list[str], path: Path
                             ) -> None:
     """Stacked bars: examples of each class held by each client."""

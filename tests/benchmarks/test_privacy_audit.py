@@ -17,6 +17,10 @@ def test_a_finished_benchmark_run_is_audited_pool_by_pool_and_model_by_model(tin
                   "splits": [{"partitioner": "dirichlet", "alpha": 0.5}]}}))
     run_benchmark(preset, results_root=tmp_path / "results", cache_dir=tmp_path / "cache")
     results = tmp_path / "results" / "tiny"
+    # The benchmark summarised the audits the runs made (privacy-audit=true) on its own.
+    summary = json.loads((results / "audit" / "audit.json").read_text())
+    assert [r["run"] for r in summary] == ["dir-0.5-seed0"]
+    assert (results / "runs" / "dir-0.5-seed0" / "privacy_pairs.png").is_file()
     main([str(results)])
     records = json.loads((results / "audit" / "audit.json").read_text())
     assert [r["run"] for r in records] == ["dir-0.5-seed0"]

@@ -98,5 +98,6 @@ def test_the_privacy_audit_runs_when_asked_and_lands_in_metrics_json(uploads, tm
         assert row["members"] > 0
         assert 0.0 < row["loss-attack-auc"] < 1.0 and 0.0 < row["stats-attack-auc"] < 1.0
     assert any("tracing attack on their token statistics" in line for line in lines)
+    assert (tmp_path / "run" / "privacy_pairs.png").is_file()
     run_pipeline(cfg, data, tmp_path / "plain", source=source)
     assert "privacy-audit" not in json.loads((tmp_path / "plain" / "metrics.json").read_text())
