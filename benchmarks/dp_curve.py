@@ -3,7 +3,7 @@
 Usage::
 
     python -m benchmarks.dp_curve benchmarks/results/digits-dp \
-        [--reference benchmarks/results/digits] [--methods fedmitr,fedavg,ensemble]
+        [--reference benchmarks/results/digits-audit] [--methods fedmitr,fedavg,ensemble]
 
 Reads ``results.json`` of a run of ``sim_configs/digits-dp.yaml`` (splits named
 ``dir-0.5-eps8`` ...) and, for ε = ∞, the reference benchmark's records of the same
@@ -100,7 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("private", type=Path, help="results folder of digits-dp")
-    parser.add_argument("--reference", type=Path, default=ROOT / "results" / "digits")
+    parser.add_argument("--reference", type=Path, default=ROOT / "results" / "digits-audit",
+                        help="the non-private run of the same seeds (ε = ∞) on uploads "
+                             "trained by the same code and machine as the private ones")
     parser.add_argument("--methods", default="fedmitr,fedavg,ensemble")
     args = parser.parse_args(argv)
     points = curve_points(_records(args.private), _records(args.reference),
