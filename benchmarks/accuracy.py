@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import yaml
 
-from benchmarks.privacy_audit import write_report
+from benchmarks.privacy_audit import saved_audit, write_report
 from benchmarks.upload_cache import cached_uploads, client_key
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data.datasets import DatasetSplits, load_dataset
@@ -361,12 +361,8 @@ def summarise_audits(out: Path) -> None:
 
     Read from each run's ``metrics.json``; nothing is written when no run has one.
     """
-    records = []
-    for run in sorted(p for p in (out / "runs").iterdir() if (p / "metrics.json").is_file()):
-        audit = json.loads((run / "metrics.json").read_text(encoding="utf-8")).get(
-            "privacy-audit")
-        if audit:
-            records.append({"run": run.name, **audit})
+    records = [{"run": run.name, **audit} for run in sorted((out / "runs").iterdir())
+               if (audit := saved_audit(run))]
     if records:
         write_report(records, out / "audit")
 

@@ -40,16 +40,20 @@ POOL_FIGURES = ("pool-to-train-median", "pool-to-heldout-median", "closer-to-tra
 CLIENT_FIGURES = ("loss-attack-auc", "loss-attack-tpr", "stats-attack-auc", "stats-attack-tpr")
 
 
+def saved_audit(run_dir: Path) -> dict[str, Any]:
+    """The audit a run made itself (``privacy-audit`` in its ``metrics.json``); ``{}`` if none."""
+    metrics_file = run_dir / "metrics.json"
+    if not metrics_file.is_file():
+        return {}
+    return json.loads(metrics_file.read_text(encoding="utf-8")).get("privacy-audit") or {}
+
+
 def audit_run(run_dir: Path) -> dict[str, Any]:
     """Every saved pool and method model of one run, audited against its clients' data."""
     settings = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
     cfg = parse_config({k: v for k, v in settings.items() if k != "preset"})
     data = load_dataset(cfg.data, cfg.seed)
-    metrics_file = run_dir / "metrics.json"
-    metrics = (json.loads(metrics_file.read_text(encoding="utf-8"))
-               if metrics_file.is_file() else {})
-    clients = metrics.get("privacy-audit", {}).get("clients", {})
-    return {"run": run_dir.name, "clients": clients,
+    return {"run": run_dir.name, "clients": saved_audit(run_dir).get("clients", {}),
             **audit_state(run_dir / "state", data, vit_factory(cfg.model, data.spec),
                           pairs_picture=run_dir / "privacy_pairs.png")}
 

@@ -160,11 +160,6 @@ def loss_attack(model: nn.Module, members: Split, non_members: Split,
     return attack_figures(scores(members), scores(non_members))
 
 
-def loss_attack_auc(model: nn.Module, members: Split, non_members: Split) -> float:
-    """AUC of the loss-threshold membership attack on ``model`` (0.5: nothing learnt)."""
-    return loss_attack(model, members, non_members)[0]
-
-
 @torch.no_grad()
 def image_moments(vit: VisionTransformer, images: torch.Tensor, batch_size: int = 256
                   ) -> torch.Tensor:
@@ -265,8 +260,9 @@ def audit_state(state_dir: Path, data: DatasetSplits, new_vit: Callable[[], nn.M
     for pool_file in sorted((state_dir / "pools").glob("*.safetensors")):
         pool, _ = load_pool(pool_file, torch.Generator())
         out["pools"][pool_file.stem] = audit_pool(pool.images, members, non_members, embed)
-        chosen, matches, dist = closest_pairs(pool.images, data.train.images)
-        pairs[pool_file.stem] = (pool.images[chosen], data.train.images[matches], dist)
+        if pairs_picture is not None:
+            chosen, matches, dist = closest_pairs(pool.images, data.train.images)
+            pairs[pool_file.stem] = (pool.images[chosen], data.train.images[matches], dist)
     if pairs_picture is not None and pairs:
         plot_closest_pairs(pairs, pairs_picture)
     for folder in sorted(p for p in state_dir.iterdir() if (p / "result.json").is_file()):
