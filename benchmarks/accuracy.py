@@ -205,7 +205,9 @@ def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, An
     The resolved settings are compared, defaults included, so a default that
     changed in the code since is caught; only ``methods`` (and what the sweep
     varies) may differ. Folders written before the settings were saved in
-    ``results.json`` are compared with their first run's ``config.yaml``.
+    ``results.json`` are compared with their first run's ``config.yaml``. A key the
+    folder does not name was added to the code since; it matches when the new run
+    leaves it at its default (new keys default to the behaviour from before them).
     """
     path = out / "results.json"
     if not path.is_file():
@@ -220,7 +222,9 @@ def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, An
     if old is None:
         return records
     new = resolved_settings(run_config)
-    differing = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    default = resolved_settings({})
+    differing = sorted(k for k in set(old) | set(new)
+                       if old.get(k, default.get(k)) != new.get(k))
     if differing:
         k = differing[0]
         raise ConfigError(f"--append: {path} was made with other settings (key '{k}': "

@@ -24,7 +24,7 @@ import torch
 from fedmitr_core.client.training import initial_model_load, simulate_clients
 from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data.datasets import DatasetSplits
-from fedmitr_core.server.uploads import UploadIntake
+from fedmitr_core.server.uploads import UploadIntake, partition_client_id
 
 CLIENT_SECTIONS = ("data", "partition", "model", "client")
 
@@ -69,7 +69,7 @@ def cached_uploads(cfg: FedMITRConfig, num_clients: int, data: DatasetSplits,
         if update.token_stats is not None:
             metrics["token-stats-images"] = update.token_stats.num_images
             stats = update.token_stats.arrays()
-        problems = intake.take(f"partition-{pid:04d}",
+        problems = intake.take(partition_client_id(pid),
                                {k: v.numpy() for k, v in update.state.items()}, metrics,
                                token_stats=stats)
         if problems:

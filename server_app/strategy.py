@@ -19,7 +19,7 @@ from fedmitr_core.config import FedMITRConfig
 from fedmitr_core.data.datasets import DatasetSplits
 from fedmitr_core.server.pipeline import ServerOutcome, run_pipeline
 from fedmitr_core.server.reports import write_config
-from fedmitr_core.server.uploads import UploadIntake
+from fedmitr_core.server.uploads import UploadIntake, partition_client_id
 
 
 def emit_log(line: str) -> None:
@@ -170,7 +170,7 @@ class OneShotStrategy(FedAvg):
         num_partitions = metrics.get("num-partitions")
         if _whole(num_partitions) and 0 < num_partitions <= MAX_PARTITIONS:
             self._partitions.add(int(num_partitions))
-        client_id = (f"partition-{int(partition):04d}-node-{node}"
+        client_id = (partition_client_id(int(partition), node)
                      if _whole(partition) and 0 <= partition < MAX_PARTITIONS else f"node-{node}")
         if not problems:
             problems = _check_size(_weights_record(msg), self.intake.size_limit)

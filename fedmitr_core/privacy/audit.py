@@ -27,7 +27,6 @@ Every attack reports its AUC and its true-positive rate at 1 % false positives.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +47,7 @@ from fedmitr_core.models.tokens import forward_gathered_layers
 from fedmitr_core.server.ensemble import TeacherSet
 from fedmitr_core.server.reports import plot_closest_pairs
 from fedmitr_core.server.state import load_method_result, load_pool
+from fedmitr_core.server.uploads import partition_of
 
 Embed = Callable[[torch.Tensor], torch.Tensor]
 
@@ -207,9 +207,6 @@ def tracing_attack(vit: VisionTransformer, stats: TokenStats, members: Split,
     return attack_figures(scores(members), scores(non_members))
 
 
-CLIENT_ID = re.compile(r"^partition-(\d+)")
-
-
 def audit_clients(teachers: TeacherSet, data: DatasetSplits, partition: PartitionConfig,
                   num_partitions: int, seed: int) -> dict[str, dict[str, float]]:
     """The clients' own uploads under attack: the reference risk a pool or global model adds to.
@@ -226,10 +223,10 @@ def audit_clients(teachers: TeacherSet, data: DatasetSplits, partition: Partitio
     released = teachers.token_stats or [None] * len(teachers)
     for model, client_id, stats in zip(teachers.models, teachers.client_ids, released,
                                        strict=True):
-        match = CLIENT_ID.match(client_id)
-        if match is None or int(match.group(1)) >= len(partitions):
+        pid = partition_of(client_id)
+        if pid is None or pid >= len(partitions):
             continue
-        own = data.train.subset(partitions[int(match.group(1))])
+        own = data.train.subset(partitions[pid])
         members, non_members = balanced_members(own, data.test, rng)
         auc, tpr = loss_attack(model, members, non_members)
         row = {"members": float(len(members)), "loss-attack-auc": auc, "loss-attack-tpr": tpr}

@@ -39,6 +39,20 @@ STATS_SUFFIX = ".stats.safetensors"
 MAX_STAT = 1e6
 
 
+_PARTITION_ID = re.compile(r"^partition-(\d+)")
+
+
+def partition_client_id(partition: int, node: int | None = None) -> str:
+    """The client id of a simulated client: ``partition-<n>``, then its node if known."""
+    return f"partition-{partition:04d}" + ("" if node is None else f"-node-{node}")
+
+
+def partition_of(client_id: str) -> int | None:
+    """The partition a client id names (see :func:`partition_client_id`), else ``None``."""
+    match = _PARTITION_ID.match(client_id)
+    return None if match is None else int(match.group(1))
+
+
 def expected_spec(state: Mapping[str, Any]) -> ArraySpec:
     """Name -> (shape, dtype) of every tensor in a state dict (torch or numpy)."""
     return {k: (tuple(v.shape), np.dtype(str(v.dtype).removeprefix("torch.")))

@@ -165,6 +165,13 @@ def test_append_keeps_earlier_records_of_the_same_run_config(tiny, tmp_path):
     config.write_text(config.read_text().replace("hi-weight: ", "hi-weight: 0.9 #"))
     with pytest.raises(ConfigError, match="'hi-weight'"):
         run_benchmark(preset, seeds=[0], splits=["iid"], append=True, **kwargs)
+    # A key added to the code after the folder was made matches at its default only.
+    lines = config.read_text().replace("hi-weight: 0.9 #", "hi-weight: ").splitlines()
+    config.write_text("\n".join(x for x in lines if not x.startswith("keep-ratio:")) + "\n")
+    with pytest.raises(ConfigError, match="'keep-ratio'"):
+        run_benchmark(preset, seeds=[0], splits=["iid"], append=True,
+                      overrides={"keep-ratio": 0.9}, **kwargs)
+    run_benchmark(preset, seeds=[0], splits=["iid"], append=True, **kwargs)
 
 
 def test_a_variant_reruns_the_server_on_the_same_uploads_as_extra_rows(tiny, tmp_path):

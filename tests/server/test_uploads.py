@@ -15,6 +15,8 @@ from fedmitr_core.server.uploads import (
     expected_spec,
     load_teacher_set,
     magnitude_bounds,
+    partition_client_id,
+    partition_of,
     persist_upload,
     read_upload_report,
     short_reason,
@@ -262,3 +264,11 @@ def test_intake_records_the_epsilon_a_private_client_spent_and_refuses_nothing(t
     accepted = intake.write_report()["accepted"]
     assert accepted[0]["dp-epsilon"] == 4.0 and accepted[0]["dp-delta"] == 1e-5
     assert "dp-epsilon" not in accepted[1]  # a non-finite claim is not recorded as one
+
+
+def test_a_simulated_client_id_names_its_partition_and_only_it():
+    assert partition_client_id(7) == "partition-0007"
+    assert partition_of(partition_client_id(7, node=123)) == 7
+    assert partition_of(partition_client_id(12345)) == 12345
+    for other in ("node-7", "client-partition-7", "partition-", "partition-x"):
+        assert partition_of(other) is None
