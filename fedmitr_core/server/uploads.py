@@ -32,14 +32,12 @@ MAX_COUNT = 2**40
 ArraySpec = dict[str, tuple[tuple[int, ...], np.dtype]]
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_PARTITION_ID = re.compile(r"^partition-(\d+)")
 _REASON_CHARS = 300
 STATS_SUFFIX = ".stats.safetensors"
 # Far beyond any token moment a trained ViT produces, small enough that the
 # prior's squared distances stay finite in float32.
 MAX_STAT = 1e6
-
-
-_PARTITION_ID = re.compile(r"^partition-(\d+)")
 
 
 def partition_client_id(partition: int, node: int | None = None) -> str:
