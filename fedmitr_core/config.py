@@ -36,7 +36,7 @@ LowLabel = Literal["low-tokens", "full-image"]
 StudentInit = Literal["fedavg", "scratch"]
 StudentTokens = Literal["kept", "kept-live", "all"]
 TokenHeadInit = Literal["random", "cls-head"]
-StatsTeachers = Literal["uniform", "class"]
+StatsTeachers = Literal["uniform", "class", "class-moments"]
 StatsPruned = Literal["kept", "frozen"]
 FallbackPrior = Literal["none", "patch-similarity"]
 PrivateStats = Literal["gaussian", "off"]
@@ -227,7 +227,9 @@ class PriorConfig:
     ``fedftg-stats``). ``feature-stats-layers``: ``all-but-last``, ``all`` or
     comma-separated layer indices (0: the embedding, ``i + 1``: block ``i``).
     ``feature-stats-teachers``: each teacher's term weighted ``uniform`` or by
-    its share of the batch's target classes (``class``). ``feature-stats-pruned``:
+    its share of the batch's target classes (``class``), or that and each teacher's
+    moments taken over the images of its classes (``class-moments``; with ``kept``
+    only). ``feature-stats-pruned``:
     under sparse inversion, match the moments of the ``kept`` tokens, or of the kept
     and the pruned ones at their features when pruned (``frozen``). ``fallback-prior``:
     what covers the teachers without statistics (all of them when
@@ -251,6 +253,9 @@ class PriorConfig:
         _check(bool(LAYER_SPEC.match(self.feature_stats_layers)), "feature-stats-layers",
                "'all-but-last', 'all' or comma-separated layer indices (0: the embedding)",
                self.feature_stats_layers)
+        _check(self.feature_stats_teachers != "class-moments"
+               or self.feature_stats_pruned == "kept", "feature-stats-pruned",
+               "'kept' with feature-stats-teachers=class-moments", self.feature_stats_pruned)
 
 
 @dataclass(frozen=True)

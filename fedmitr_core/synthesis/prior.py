@@ -6,7 +6,8 @@ works for every ensemble form and under the token-gather forward) and turns
 the reductions into a loss term (:meth:`SynthesisPrior.forward`).
 
 - :class:`FeatureStatsPrior` matches the token statistics the clients reported
-  (DESIGN.md §9): the ViT analogue of DeepInversion's BatchNorm-statistics loss.
+  (DESIGN.md §9): the ViT analogue of DeepInversion's BatchNorm-statistics loss;
+  :class:`ClassMomentsStatsPrior` matches each client's on the images of its classes.
 - :class:`PatchSimilarityPrior` needs no statistics: PSAQ-ViT's patch-similarity
   entropy, for teachers that came without them.
 
@@ -157,10 +158,49 @@ class FeatureStatsPrior(SynthesisPrior):
         batch_mean, batch_var = reduced
         if frozen is not None and self.reads_pruned:
             batch_mean, batch_var = frozen.merge(batch_mean.float(), batch_var.float())
-        dist = ((batch_mean[:, self.layers].float() - self.target_mean).norm(dim=-1)
-                + (batch_var[:, self.layers].float() - self.target_var).norm(dim=-1))
+        return self._term(batch_mean[:, self.layers].float(), batch_var[:, self.layers].float(),
+                          target_weights)
+
+    def _term(self, batch_mean: torch.Tensor, batch_var: torch.Tensor,
+              target_weights: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """The weighted distance of the matched layers' moments ``(K, layers, D)``."""
+        dist = ((batch_mean - self.target_mean).norm(dim=-1)
+                + (batch_var - self.target_var).norm(dim=-1))
         value = (self.teacher_shares(target_weights) * dist.sum(dim=1)).sum()
         return self.weight * value, {"stats": float(value.detach())}
+
+
+class ClassMomentsStatsPrior(FeatureStatsPrior):
+    """:class:`FeatureStatsPrior` with each teacher's moments taken over its classes' images.
+
+    Teacher ``k``'s batch moments weigh image ``b`` by ``k``'s share of its target
+    class, ``w_{k,y_b}`` (normalised over the batch), and its term by its share of
+    the batch (``class``). A client that holds one class is matched on that class's
+    images only: under ``uniform`` every image is pulled towards every client's
+    statistics, so a batch of ten classes is pulled towards each client's one or two.
+    Under sparse inversion the moments are those of the kept tokens.
+    """
+
+    def __init__(self, weight: float, target_mean: torch.Tensor, target_var: torch.Tensor,
+                 available: torch.Tensor, layers: list[int]) -> None:
+        super().__init__(weight, target_mean, target_var, available, layers, "class")
+
+    def reduce(self, patches: torch.Tensor) -> Reduced:
+        """Per image ``(B, D)``: the mean of its tokens' features and of their squares."""
+        return patches.mean(dim=1), patches.pow(2).mean(dim=1)
+
+    def forward(self, reduced: Reduced, target_weights: torch.Tensor,
+                frozen: FrozenTokens | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+        first, second = (r[:, self.layers].float() for r in reduced)  # (K, layers, B, D)
+        weights = target_weights.float() * self.available[:, None]
+        total = weights.sum(dim=1, keepdim=True)
+        # A teacher none of whose classes is in the batch weighs the images uniformly
+        # (its term then has no weight, unless no reporting teacher has any).
+        image_weights = torch.where(total > 0, weights / total.clamp_min(1e-12),
+                                    torch.full_like(weights, 1.0 / weights.shape[1]))
+        mean = torch.einsum("kb,klbd->kld", image_weights, first)
+        var = (torch.einsum("kb,klbd->kld", image_weights, second) - mean * mean).clamp_min(0.0)
+        return self._term(mean, var, target_weights)
 
 
 def similarity_entropy(patches: torch.Tensor, bandwidth: float = 0.01, points: int = 10
@@ -253,9 +293,12 @@ def synthesis_prior(ensemble: TeacherEnsemble, settings: PriorConfig, stats_weig
     if stats_weight > 0 and bool(has_stats.any()):
         mean, var = ensemble.stats_targets()
         layers = prior_layers(settings.feature_stats_layers, mean.shape[1] - 1)
-        priors.append(FeatureStatsPrior(stats_weight, mean, var, has_stats, layers,
-                                        settings.feature_stats_teachers,
-                                        settings.feature_stats_pruned))
+        if settings.feature_stats_teachers == "class-moments":
+            priors.append(ClassMomentsStatsPrior(stats_weight, mean, var, has_stats, layers))
+        else:
+            priors.append(FeatureStatsPrior(stats_weight, mean, var, has_stats, layers,
+                                            settings.feature_stats_teachers,
+                                            settings.feature_stats_pruned))
     without = ~has_stats
     if settings.fallback_prior == "patch-similarity" and settings.fallback_prior_weight > 0 \
             and bool(without.any()):

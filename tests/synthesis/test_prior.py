@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedmitr_core.config import InversionConfig, PriorConfig
+from fedmitr_core.config import ConfigError, InversionConfig, PriorConfig
 from fedmitr_core.data.datasets import DataSpec
 from fedmitr_core.models.token_stats import token_statistics
 from fedmitr_core.models.tokens import forward_gathered_layers, token_moments
@@ -15,6 +15,7 @@ from fedmitr_core.models.vit import build_vit
 from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet
 from fedmitr_core.synthesis.inversion import ModelInverter
 from fedmitr_core.synthesis.prior import (
+    ClassMomentsStatsPrior,
     CombinedPrior,
     FeatureStatsPrior,
     FrozenTokens,
@@ -89,6 +90,75 @@ def test_class_shares_weight_each_teacher_by_the_batchs_classes():
                                torch.tensor([0.0, 1.0]))
 
 
+def _split_classes_ensemble(form="loop", **options):
+    """Two teachers with statistics: teacher 0 holds classes 0-4, teacher 1 classes 5-9."""
+    counts = np.zeros((2, 10), dtype=int)
+    counts[0, :5], counts[1, 5:] = 10, 10
+    teachers = _teachers(2, (True, True))
+    teachers = TeacherSet(teachers.models, counts, teachers.client_ids, teachers.token_stats)
+    return TeacherEnsemble(teachers, "class", form, CPU, **options)
+
+
+def test_class_moments_match_each_teacher_on_the_images_of_its_classes_only():
+    ens = _split_classes_ensemble()
+    prior = _prior(ens, teachers="class-moments")
+    assert isinstance(prior, ClassMomentsStatsPrior)
+    mean, var = ens.stats_targets()  # (2, 4, 48)
+    labels = torch.tensor([0, 1, 7, 8])
+    # Per image: teacher k sees its targets on the images of its own classes and
+    # something far off (+50) on the other teacher's images.
+    first = mean[:, :, None, :].repeat(1, 1, 4, 1)
+    first[0, :, 2:] += 50.0
+    first[1, :, :2] += 50.0
+    second = (var + mean * mean)[:, :, None, :].repeat(1, 1, 4, 1)
+    first.requires_grad_(True)
+    loss, parts = prior((first, second), ens.target_weights(labels))
+    assert parts["stats"] == pytest.approx(0.0, abs=1e-3)
+    loss.backward()
+    # The far-off images are not the teacher's to pull: no gradient reaches them.
+    assert float(first.grad[0, :, 2:].abs().max()) == 0.0
+    assert float(first.grad[1, :, :2].abs().max()) == 0.0
+    # The batch-level weighting pools every image into each teacher's moments.
+    pooled = _prior(ens, teachers="class")
+    pooled_mean = first.detach().mean(dim=2)
+    pooled_var = second.mean(dim=2) - pooled_mean * pooled_mean
+    assert float(pooled((pooled_mean, pooled_var), ens.target_weights(labels))[0]) > 100.0
+
+
+def test_class_moments_equal_the_batch_moments_when_every_teacher_holds_every_class():
+    ens = TeacherEnsemble(_teachers(3), "class", "loop", CPU)  # 5 of every class each
+    x, keep = _smooth_images(6), torch.tensor([[0, 3, 4, 8, 12, 15]] * 6)
+    weights = ens.target_weights(torch.arange(6))
+    values = []
+    for teachers in ("class", "class-moments"):
+        prior = _prior(ens, teachers=teachers)
+        _, _, reduced = ens.teacher_outputs_layers(x, keep, prior.reduce)
+        values.append(float(prior(reduced, weights)[0]))
+    assert values[1] == pytest.approx(values[0], rel=1e-4)
+
+
+@pytest.mark.parametrize("chunk_size", [32, 1])
+def test_class_moments_give_the_loops_loss_and_gradient_under_vmap(chunk_size):
+    grads, losses = [], []
+    for ens in (_split_classes_ensemble("loop"),
+                _split_classes_ensemble("vmap", chunk_size=chunk_size)):
+        prior = _prior(ens, teachers="class-moments")
+        x = _smooth_images(4).requires_grad_(True)
+        _, _, reduced = ens.teacher_outputs_layers(x, None, prior.reduce)
+        assert reduced[0].shape == (2, 4, 4, 48)  # (K, layers, B, D)
+        loss = prior(reduced, ens.target_weights(torch.tensor([0, 1, 7, 8])))[0]
+        loss.backward()
+        losses.append(float(loss))
+        grads.append(x.grad)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
+
+
+def test_class_moments_read_the_kept_tokens_only():
+    with pytest.raises(ConfigError, match="feature-stats-pruned"):
+        PriorConfig(feature_stats_teachers="class-moments", feature_stats_pruned="frozen")
+
+
 def test_a_teachers_pull_is_bounded_by_its_share_however_far_off_its_statistics():
     ens = TeacherEnsemble(_teachers(2, (True, True)), "uniform", "loop", CPU)
     mean, var = ens.stats_targets()
@@ -138,15 +208,16 @@ def _final_distance(ens, images):
     return float(((m - mean)[:, :3].norm(dim=-1) + (v - var)[:, :3].norm(dim=-1)).sum())
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_inversion_with_the_prior_ends_closer_to_the_clients_statistics(sparse):
+@pytest.mark.parametrize(("sparse", "teachers"),
+                         [(False, "uniform"), (True, "uniform"), (True, "class-moments")])
+def test_inversion_with_the_prior_ends_closer_to_the_clients_statistics(sparse, teachers):
     ens = TeacherEnsemble(_teachers(3), "class", "loop", CPU)
     settings = InversionConfig(inv_iterations=30, inv_lr=0.1, prune_at=(0.5,),
                                pruned_patches="keep")
     distances = {}
     for weight in (0.0, 3.0):
         inverter = ModelInverter(ens, settings, SPEC, 4, sparse=sparse, label_temperature=3.0,
-                                 prior=_prior(ens, weight=weight))
+                                 prior=_prior(ens, weight=weight, teachers=teachers))
         pool = inverter.synthesize(torch.arange(8) % 10, torch.Generator().manual_seed(0))
         distances[weight] = _final_distance(ens, pool.images)
     assert distances[3.0] < 0.7 * distances[0.0]
