@@ -228,8 +228,8 @@ class PriorConfig:
     comma-separated layer indices (0: the embedding, ``i + 1``: block ``i``).
     ``feature-stats-teachers``: each teacher's term weighted ``uniform`` or by
     its share of the batch's target classes (``class``), or that and each teacher's
-    moments taken over the images of its classes (``class-moments``; with ``kept``
-    only). ``feature-stats-pruned``:
+    moments taken over the images of its classes (``class-moments``, the default
+    chosen on the validation split; with ``kept`` only). ``feature-stats-pruned``:
     under sparse inversion, match the moments of the ``kept`` tokens, or of the kept
     and the pruned ones at their features when pruned (``frozen``). ``fallback-prior``:
     what covers the teachers without statistics (all of them when
@@ -240,7 +240,7 @@ class PriorConfig:
     feature_stats: bool = True
     feature_stats_weight: float = 10.0
     feature_stats_layers: str = "all-but-last"
-    feature_stats_teachers: StatsTeachers = "uniform"
+    feature_stats_teachers: StatsTeachers = "class-moments"
     feature_stats_pruned: StatsPruned = "kept"
     fallback_prior: FallbackPrior = "none"
     fallback_prior_weight: float = 1.0
@@ -255,7 +255,8 @@ class PriorConfig:
                self.feature_stats_layers)
         _check(self.feature_stats_teachers != "class-moments"
                or self.feature_stats_pruned == "kept", "feature-stats-pruned",
-               "'kept' with feature-stats-teachers=class-moments", self.feature_stats_pruned)
+               "'kept' while feature-stats-teachers is class-moments ('frozen' needs "
+               "feature-stats-teachers=uniform or class)", self.feature_stats_pruned)
 
 
 @dataclass(frozen=True)
