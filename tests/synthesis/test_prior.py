@@ -71,12 +71,17 @@ def test_the_prior_is_zero_at_the_targets_and_skips_teachers_without_statistics(
         0.5 * np.sqrt(ens.models[0].embed_dim), rel=1e-4)
 
 
-def test_class_shares_weight_each_teacher_by_the_batchs_classes():
+def _split_classes_ensemble(form="loop", **options):
+    """Two teachers with statistics: teacher 0 holds classes 0-4, teacher 1 classes 5-9."""
     counts = np.zeros((2, 10), dtype=int)
-    counts[0, :5], counts[1, 5:] = 10, 10  # teacher 0 holds classes 0-4, teacher 1 classes 5-9
+    counts[0, :5], counts[1, 5:] = 10, 10
     teachers = _teachers(2, (True, True))
     teachers = TeacherSet(teachers.models, counts, teachers.client_ids, teachers.token_stats)
-    ens = TeacherEnsemble(teachers, "class", "loop", CPU)
+    return TeacherEnsemble(teachers, "class", form, CPU, **options)
+
+
+def test_class_shares_weight_each_teacher_by_the_batchs_classes():
+    ens = _split_classes_ensemble()
     prior = _prior(ens, teachers="class")
     shares = prior.teacher_shares(ens.target_weights(torch.tensor([0, 1, 2, 7])))
     torch.testing.assert_close(shares, torch.tensor([0.75, 0.25]))
@@ -88,15 +93,6 @@ def test_class_shares_weight_each_teacher_by_the_batchs_classes():
     only_one = FeatureStatsPrior(1.0, mean, var, torch.tensor([False, True]), [0], "class")
     torch.testing.assert_close(only_one.teacher_shares(ens.target_weights(torch.tensor([0, 1]))),
                                torch.tensor([0.0, 1.0]))
-
-
-def _split_classes_ensemble(form="loop", **options):
-    """Two teachers with statistics: teacher 0 holds classes 0-4, teacher 1 classes 5-9."""
-    counts = np.zeros((2, 10), dtype=int)
-    counts[0, :5], counts[1, 5:] = 10, 10
-    teachers = _teachers(2, (True, True))
-    teachers = TeacherSet(teachers.models, counts, teachers.client_ids, teachers.token_stats)
-    return TeacherEnsemble(teachers, "class", form, CPU, **options)
 
 
 def test_class_moments_match_each_teacher_on_the_images_of_its_classes_only():
