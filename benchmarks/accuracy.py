@@ -42,6 +42,7 @@ import torch
 import yaml
 
 from benchmarks.privacy_audit import saved_audit, write_report
+from benchmarks.tables import mean_std
 from benchmarks.upload_cache import cached_uploads, client_key
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data.datasets import DatasetSplits, load_dataset
@@ -97,11 +98,6 @@ def load_sweep(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return run_config, sweep
 
 
-def _mean_std(values: list[float]) -> str:
-    arr = 100 * np.asarray(values, dtype=float)
-    return f"{arr.mean():.2f} ± {arr.std():.2f}" if len(arr) > 1 else f"{arr.mean():.2f}"
-
-
 def summary_table(records: list[dict[str, Any]], metric: str = "accuracy") -> str:
     """Markdown: rows methods, columns splits, cells mean ± std over seeds (%).
 
@@ -119,7 +115,7 @@ def summary_table(records: list[dict[str, Any]], metric: str = "accuracy") -> st
         for s in splits:
             vals = [r["results"][m][metric] for r in records
                     if r["split"] == s and r["results"].get(m, {}).get(metric) is not None]
-            cells.append(_mean_std(vals) if vals else "-")
+            cells.append(mean_std(vals, scale=100) if vals else "-")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -32,10 +32,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from benchmarks.accuracy import ROOT, load_sweep
+from benchmarks.tables import mean_std
 from benchmarks.upload_cache import cached_uploads
 from fedmitr_core.client.training import initial_model
 from fedmitr_core.config import FedMITRConfig, parse_config
@@ -170,11 +170,6 @@ def run(seeds: list[int], alphas: list[float], clients: int, out: Path) -> list[
     return records
 
 
-def _cell(values: list[float]) -> str:
-    return f"{np.mean(values):.1f} ± {np.std(values):.1f}" if len(values) > 1 \
-        else f"{values[0]:.1f}"
-
-
 def table(records: list[dict[str, Any]]) -> str:
     """Markdown: per α, ensemble / FedAvg test top-1 (%) honest, attacked off and on."""
     lines = []
@@ -187,8 +182,8 @@ def table(records: list[dict[str, Any]]) -> str:
         cases = {"none (honest)": [r["honest"] for r in rows]}
         cases.update({name: [r["attacks"][name] for r in rows] for name in rows[0]["attacks"]})
         for name, outcomes in cases.items():
-            cells = [f"{_cell([o[side]['ensemble'] for o in outcomes])} / "
-                     f"{_cell([o[side]['fedavg'] for o in outcomes])}" for side in ("off", "on")]
+            cells = [" / ".join(mean_std([o[side][ref] for o in outcomes], digits=1)
+                                for ref in ("ensemble", "fedavg")) for side in ("off", "on")]
             actions = sorted({o["defence"] for o in outcomes})
             lines.append(f"| {name} | {cells[0]} | {cells[1]} | {', '.join(actions)} |")
         margins = {k: max(r["margins"][k] for r in rows) for k in rows[0]["margins"]}

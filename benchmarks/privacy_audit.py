@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from benchmarks.tables import mean_std
 from fedmitr_core.config import parse_config
 from fedmitr_core.data.datasets import load_dataset
 from fedmitr_core.models.vit import vit_factory
@@ -65,10 +66,6 @@ def _group(run: str) -> str:
     return f"{head} {variant}".strip()
 
 
-def _mean_std(values: list[float]) -> str:
-    return f"{np.mean(values):.3f} ± {np.std(values):.3f}" if values else ""
-
-
 def write_report(records: list[dict[str, Any]], out: Path) -> str:
     """``audit.json``, ``audit.md`` and ``audit.png`` under ``out``; the markdown."""
     out.mkdir(parents=True, exist_ok=True)
@@ -98,11 +95,12 @@ def write_report(records: list[dict[str, Any]], out: Path) -> str:
           "## Synthetic pools: nearest neighbours and the distance attack", "",
           "| split variant | pool (space) | " + " | ".join(POOL_FIGURES) + " |",
           "|---|---|" + "---|" * len(POOL_FIGURES)]
-    md += [f"| {g} | {p} | " + " | ".join(_mean_std(pools[(g, p, k)]) for k in POOL_FIGURES)
-           + " |" for g, p in rows]
+    md += [f"| {g} | {p} | "
+           + " | ".join(mean_std(pools[(g, p, k)], digits=3) for k in POOL_FIGURES) + " |"
+           for g, p in rows]
     md += ["", "## Global models: loss-threshold membership attack (AUC 0.5, TPR 0.01: no "
            "signal)", "", "| split variant | method | AUC | TPR at 1 % FPR |", "|---|---|---|---|"]
-    md += [f"| {g} | {m} | {_mean_std(v)} | {_mean_std(tprs[(g, m)])} |"
+    md += [f"| {g} | {m} | {mean_std(v, digits=3)} | {mean_std(tprs[(g, m)], digits=3)} |"
            for (g, m), v in sorted(attacks.items())]
     groups = sorted({g for g, _ in clients})
     if groups:
@@ -111,7 +109,7 @@ def write_report(records: list[dict[str, Any]], out: Path) -> str:
                "statistics; members: that client's images. Mean ± std over clients and runs.",
                "", "| split variant | " + " | ".join(CLIENT_FIGURES) + " |",
                "|---|" + "---|" * len(CLIENT_FIGURES)]
-        md += [f"| {g} | " + " | ".join(_mean_std(clients[(g, k)]) for k in CLIENT_FIGURES)
+        md += [f"| {g} | " + " | ".join(mean_std(clients[(g, k)], digits=3) for k in CLIENT_FIGURES)
                + " |" for g in groups]
     text = "\n".join(md) + "\n"
     (out / "audit.md").write_text(text, encoding="utf-8")
