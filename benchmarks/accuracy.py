@@ -11,12 +11,12 @@ partition keys, e.g. ``{partitioner: dirichlet, alpha: 0.1}``). Clients are
 trained once per (split, seed) and cached under ``benchmarks/cache/``; the
 server methods run through the app's pipeline (``fedmitr_core.server.pipeline``).
 Writes ``benchmarks/results/<preset>[-<tag>]/``: ``table.md`` (test top-1,
-mean ± std over seeds), ``val_table.md`` (the validation split, on which
-defaults are chosen), ``results.json`` (every seed), ``runs/`` (each run's
-outputs), ``accuracy.png`` and, when ``methods`` holds ``fedavg-rounds``,
-``rounds.png`` (FedAvg accuracy against rounds, one-shot methods as lines); with
-``privacy-audit=true``, ``audit/`` (``benchmarks.privacy_audit``'s report of every
-run's audit).
+mean ± std over seeds), ``seeds.md`` (every seed's figure), ``val_table.md``
+(the validation split, on which defaults are chosen), ``results.json`` (every
+seed), ``runs/`` (each run's outputs), ``accuracy.png`` and, when ``methods``
+holds ``fedavg-rounds``, ``rounds.png`` (FedAvg accuracy against rounds,
+one-shot methods as lines); with ``privacy-audit=true``, ``audit/``
+(``benchmarks.privacy_audit``'s report of every run's audit).
 
 ``--variant LABEL KEY=VALUE ...`` runs the server again on the same uploads with
 those keys changed (server keys only) and adds its methods' rows as
@@ -116,6 +116,25 @@ def summary_table(records: list[dict[str, Any]], metric: str = "accuracy") -> st
             vals = [r["results"][m][metric] for r in records
                     if r["split"] == s and r["results"].get(m, {}).get(metric) is not None]
             cells.append(mean_std(vals, scale=100) if vals else "-")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def seed_table(records: list[dict[str, Any]], metric: str = "accuracy") -> str:
+    """Markdown: rows methods, columns splits, cells every seed's figure (%) in seed order.
+
+    The column head names the seeds, so a reader can line up a seed across methods.
+    """
+    splits = list(dict.fromkeys(r["split"] for r in records))
+    methods = list(dict.fromkeys(m for r in records for m in r["results"]))
+    by_split = {s: sorted((r for r in records if r["split"] == s), key=lambda r: r["seed"])
+                for s in splits}
+    heads = [f"{s}, seeds " + " / ".join(str(r["seed"]) for r in by_split[s]) for s in splits]
+    lines = ["| method | " + " | ".join(heads) + " |", "|---" * (len(splits) + 1) + "|"]
+    for m in methods:
+        cells = [" / ".join(f"{100 * v:.1f}" if v is not None else "-" for v in
+                            (r["results"].get(m, {}).get(metric) for r in by_split[s]))
+                 for s in splits]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -295,8 +314,12 @@ def _run_pairs(pairs: list[tuple[dict[str, Any], int]], run_config: dict[str, An
 
 
 def write_tables(records: list[dict[str, Any]], out: Path) -> None:
-    """``table.md``, ``val_table.md``, ``accuracy.png`` (and ``rounds.png``); print the tables."""
+    """Write ``table.md``, ``seeds.md``, ``val_table.md``, ``accuracy.png`` (``rounds.png``).
+
+    The tables are printed as well.
+    """
     (out / "table.md").write_text(summary_table(records) + "\n", encoding="utf-8")
+    (out / "seeds.md").write_text(seed_table(records) + "\n", encoding="utf-8")
     (out / "val_table.md").write_text(summary_table(records, "val-accuracy") + "\n",
                                       encoding="utf-8")
     plot_accuracy(records, out / "accuracy.png")

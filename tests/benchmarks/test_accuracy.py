@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.accuracy import load_sweep, run_benchmark, split_name, summary_table
+from benchmarks.accuracy import load_sweep, run_benchmark, seed_table, split_name, summary_table
 from benchmarks.upload_cache import client_key
 from fedmitr_core.config import SIM_CONFIGS_DIR, ConfigError, parse_config
 
@@ -52,7 +52,7 @@ def test_clients_are_trained_once_then_read_from_the_cache(tiny, tmp_path):
     fourth = run_benchmark(preset, overrides={"local-epochs": 2}, **kwargs)
     assert third[0]["cached"] and not fourth[0]["cached"]
     out = tmp_path / "results" / "tiny"
-    for name in ("table.md", "val_table.md", "results.json", "accuracy.png"):
+    for name in ("table.md", "seeds.md", "val_table.md", "results.json", "accuracy.png"):
         assert (out / name).is_file(), name
     assert "| fedavg |" in (out / "table.md").read_text()
 
@@ -98,6 +98,15 @@ def test_summary_table_gives_mean_and_std_over_seeds():
     table = summary_table(records)
     assert "| m | 30.00 ± 10.00 |" in table
     assert "| method | dir-0.1 |" in table
+
+
+def test_seed_table_lines_up_every_seed_in_seed_order():
+    records = [{"split": "dir-0.1", "seed": s, "results": {"m": {"accuracy": a}, **extra}}
+               for s, a, extra in ((1, 0.4, {}), (0, 0.2, {"n": {"accuracy": 0.5}}))]
+    table = seed_table(records)
+    assert "| method | dir-0.1, seeds 0 / 1 |" in table
+    assert "| m | 20.0 / 40.0 |" in table
+    assert "| n | 50.0 / - |" in table
 
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in SIM_CONFIGS_DIR.glob("*.yaml")))
