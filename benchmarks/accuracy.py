@@ -98,26 +98,44 @@ def load_sweep(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return run_config, sweep
 
 
+def _by_split(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The records of each split (splits in first-seen order), sorted by seed."""
+    splits = dict.fromkeys(r["split"] for r in records)
+    return {s: sorted((r for r in records if r["split"] == s), key=lambda r: r["seed"])
+            for s in splits}
+
+
+def _method_table(records: list[dict[str, Any]], heads: list[str],
+                  cell: Callable[[list[float | None]], str], metric: str) -> str:
+    """Markdown: one row per method, one column per split (``heads``).
+
+    Each cell is ``cell`` of the method's ``metric`` on that split's records, in seed order.
+    """
+    by_split = _by_split(records)
+    methods = dict.fromkeys(m for r in records for m in r["results"])
+    lines = ["| method | " + " | ".join(heads) + " |", "|---" * (len(by_split) + 1) + "|"]
+    for m in methods:
+        cells = [cell([r["results"].get(m, {}).get(metric) for r in rs])
+                 for rs in by_split.values()]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def summary_table(records: list[dict[str, Any]], metric: str = "accuracy") -> str:
     """Markdown: rows methods, columns splits, cells mean ± std over seeds (%).
 
     When the splits were not run with the same number of seeds, each column
     says how many it has.
     """
-    splits = list(dict.fromkeys(r["split"] for r in records))
-    methods = list(dict.fromkeys(m for r in records for m in r["results"]))
-    seeds = {s: len({r["seed"] for r in records if r["split"] == s}) for s in splits}
-    heads = splits if len(set(seeds.values())) <= 1 else [
-        f"{s} ({seeds[s]} seed{'s' if seeds[s] > 1 else ''})" for s in splits]
-    lines = ["| method | " + " | ".join(heads) + " |", "|---" * (len(splits) + 1) + "|"]
-    for m in methods:
-        cells = []
-        for s in splits:
-            vals = [r["results"][m][metric] for r in records
-                    if r["split"] == s and r["results"].get(m, {}).get(metric) is not None]
-            cells.append(mean_std(vals, scale=100) if vals else "-")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    seeds = {s: len({r["seed"] for r in rs}) for s, rs in _by_split(records).items()}
+    heads = list(seeds) if len(set(seeds.values())) <= 1 else [
+        f"{s} ({n} seed{'s' if n > 1 else ''})" for s, n in seeds.items()]
+
+    def cell(values: list[float | None]) -> str:
+        present = [v for v in values if v is not None]
+        return mean_std(present, scale=100) if present else "-"
+
+    return _method_table(records, heads, cell, metric)
 
 
 def seed_table(records: list[dict[str, Any]], metric: str = "accuracy") -> str:
@@ -125,18 +143,13 @@ def seed_table(records: list[dict[str, Any]], metric: str = "accuracy") -> str:
 
     The column head names the seeds, so a reader can line up a seed across methods.
     """
-    splits = list(dict.fromkeys(r["split"] for r in records))
-    methods = list(dict.fromkeys(m for r in records for m in r["results"]))
-    by_split = {s: sorted((r for r in records if r["split"] == s), key=lambda r: r["seed"])
-                for s in splits}
-    heads = [f"{s}, seeds " + " / ".join(str(r["seed"]) for r in by_split[s]) for s in splits]
-    lines = ["| method | " + " | ".join(heads) + " |", "|---" * (len(splits) + 1) + "|"]
-    for m in methods:
-        cells = [" / ".join(f"{100 * v:.1f}" if v is not None else "-" for v in
-                            (r["results"].get(m, {}).get(metric) for r in by_split[s]))
-                 for s in splits]
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    heads = [f"{s}, seeds " + " / ".join(str(r["seed"]) for r in rs)
+             for s, rs in _by_split(records).items()]
+
+    def cell(values: list[float | None]) -> str:
+        return " / ".join(f"{100 * v:.1f}" if v is not None else "-" for v in values)
+
+    return _method_table(records, heads, cell, metric)
 
 
 def plot_accuracy(records: list[dict[str, Any]], path: Path) -> None:
