@@ -23,6 +23,11 @@ those keys changed (server keys only) and adds its methods' rows as
 ``<method> (LABEL)``, e.g. ``--variant "no prior" feature-stats=false
 methods=fedmitr,deepinversion`` gives the rows ``fedmitr (no prior)`` and
 ``deepinversion (no prior)``.
+
+``--tables-only`` runs nothing: it rewrites the tables and pictures of the
+results folder named by the preset and ``--tag`` from its ``results.json``
+(e.g. after copying results from another checkout, or after a table's format
+changed).
 """
 
 from __future__ import annotations
@@ -343,6 +348,25 @@ def write_tables(records: list[dict[str, Any]], out: Path) -> None:
     print("validation top-1 (%)\n" + summary_table(records, "val-accuracy"))
 
 
+def results_folder(results_root: Path, preset: Path, tag: str = "") -> Path:
+    """``<results_root>/<preset name>[-<tag>]``, where a run of ``preset`` writes."""
+    return results_root / (preset.stem + (f"-{tag}" if tag else ""))
+
+
+def rewrite_tables(out: Path) -> list[dict[str, Any]]:
+    """Write the tables of ``out`` again from ``out/results.json``; return its records."""
+    path = out / "results.json"
+    if not path.is_file():
+        raise ConfigError(f"--tables-only: {path} not found; a results folder written by "
+                          "this benchmark expected")
+    records = json.loads(path.read_text(encoding="utf-8")).get("records")
+    if not records:
+        raise ConfigError(f"--tables-only: {path} holds no 'records'")
+    write_tables(records, out)
+    summarise_audits(out)
+    return records
+
+
 def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
                   splits: list[str] | None = None, overrides: dict[str, Any] | None = None,
                   tag: str = "", results_root: Path = ROOT / "results",
@@ -361,7 +385,7 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
     run_config.update(overrides or {})
     variants = variants or {}
     check_variants(variants, run_config)
-    out = results_root / (preset.stem + (f"-{tag}" if tag else ""))
+    out = results_folder(results_root, preset, tag)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     chosen = [s for s in sweep["splits"] if not splits or split_name(s) in splits]
     earlier = previous_records(out, run_config) if append else []
@@ -397,8 +421,8 @@ def summarise_audits(out: Path) -> None:
 
     Read from each run's ``metrics.json``; nothing is written when no run has one.
     """
-    records = [{"run": run.name, **audit} for run in sorted((out / "runs").iterdir())
-               if (audit := saved_audit(run))]
+    runs = sorted((out / "runs").iterdir()) if (out / "runs").is_dir() else []
+    records = [{"run": run.name, **audit} for run in runs if (audit := saved_audit(run))]
     if records:
         write_report(records, out / "audit")
 
@@ -426,7 +450,13 @@ def main(argv: list[str] | None = None) -> None:
                         metavar=("LABEL", "KEY=VALUE"),
                         help="run the server again with these keys changed; rows "
                              "'<method> (LABEL)' (repeatable)")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="run nothing: rewrite the results folder's tables from its "
+                             "results.json")
     args = parser.parse_args(argv)
+    if args.tables_only:
+        rewrite_tables(results_folder(args.results_root, args.preset, args.tag))
+        return
     variants = {label: parse_overrides(keys, f"--variant {label!r}")
                 for label, *keys in args.variant}
     run_benchmark(

@@ -8,7 +8,14 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.accuracy import load_sweep, run_benchmark, seed_table, split_name, summary_table
+from benchmarks.accuracy import (
+    load_sweep,
+    main,
+    run_benchmark,
+    seed_table,
+    split_name,
+    summary_table,
+)
 from benchmarks.upload_cache import client_key
 from fedmitr_core.config import SIM_CONFIGS_DIR, ConfigError, parse_config
 
@@ -203,3 +210,22 @@ def test_split_names_say_the_partition_and_whether_clients_are_private():
     assert split_name({"partitioner": "pathological", "classes-per-client": 2}) == "path-2"
     assert split_name({"partitioner": "dirichlet", "alpha": 0.1, "dp-epsilon": 4.0}) == \
         "dir-0.1-eps4"
+
+
+def test_tables_only_rewrites_the_tables_from_results_json(tmp_path):
+    preset = tmp_path / "tiny.yaml"
+    out = tmp_path / "results" / "tiny-t1"
+    argv = [str(preset), "--tag", "t1", "--results-root", str(tmp_path / "results"),
+            "--tables-only"]
+    with pytest.raises(ConfigError, match="results.json not found"):
+        main(argv)
+    out.mkdir(parents=True)
+    records = [{"split": "dir-0.1", "seed": s,
+                "results": {"m": {"accuracy": a, "val-accuracy": a / 2}}}
+               for s, a in ((0, 0.2), (1, 0.4))]
+    (out / "results.json").write_text(json.dumps({"records": records}))
+    main(argv)
+    assert "| m | 30.00 ± 10.00 |" in (out / "table.md").read_text()
+    assert "| m | 20.0 / 40.0 |" in (out / "seeds.md").read_text()
+    assert "| m | 15.00 ± 5.00 |" in (out / "val_table.md").read_text()
+    assert not (out / "runs").exists()  # nothing ran
