@@ -110,14 +110,13 @@ def _by_split(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
             for s in splits}
 
 
-def _method_table(records: list[dict[str, Any]], heads: list[str],
+def _method_table(by_split: dict[str, list[dict[str, Any]]], heads: list[str],
                   cell: Callable[[list[float | None]], str], metric: str) -> str:
-    """Markdown: one row per method, one column per split (``heads``).
+    """Markdown: one row per method, one column per split of ``by_split`` (``heads``).
 
     Each cell is ``cell`` of the method's ``metric`` on that split's records, in seed order.
     """
-    by_split = _by_split(records)
-    methods = dict.fromkeys(m for r in records for m in r["results"])
+    methods = dict.fromkeys(m for rs in by_split.values() for r in rs for m in r["results"])
     lines = ["| method | " + " | ".join(heads) + " |", "|---" * (len(by_split) + 1) + "|"]
     for m in methods:
         cells = [cell([r["results"].get(m, {}).get(metric) for r in rs])
@@ -132,7 +131,8 @@ def summary_table(records: list[dict[str, Any]], metric: str = "accuracy") -> st
     When the splits were not run with the same number of seeds, each column
     says how many it has.
     """
-    seeds = {s: len({r["seed"] for r in rs}) for s, rs in _by_split(records).items()}
+    by_split = _by_split(records)
+    seeds = {s: len({r["seed"] for r in rs}) for s, rs in by_split.items()}
     heads = list(seeds) if len(set(seeds.values())) <= 1 else [
         f"{s} ({n} seed{'s' if n > 1 else ''})" for s, n in seeds.items()]
 
@@ -140,7 +140,7 @@ def summary_table(records: list[dict[str, Any]], metric: str = "accuracy") -> st
         present = [v for v in values if v is not None]
         return mean_std(present, scale=100) if present else "-"
 
-    return _method_table(records, heads, cell, metric)
+    return _method_table(by_split, heads, cell, metric)
 
 
 def seed_table(records: list[dict[str, Any]], metric: str = "accuracy") -> str:
@@ -148,13 +148,14 @@ def seed_table(records: list[dict[str, Any]], metric: str = "accuracy") -> str:
 
     The column head names the seeds, so a reader can line up a seed across methods.
     """
+    by_split = _by_split(records)
     heads = [f"{s}, seeds " + " / ".join(str(r["seed"]) for r in rs)
-             for s, rs in _by_split(records).items()]
+             for s, rs in by_split.items()]
 
     def cell(values: list[float | None]) -> str:
         return " / ".join(f"{100 * v:.1f}" if v is not None else "-" for v in values)
 
-    return _method_table(records, heads, cell, metric)
+    return _method_table(by_split, heads, cell, metric)
 
 
 def plot_accuracy(records: list[dict[str, Any]], path: Path) -> None:
