@@ -487,6 +487,9 @@ def _cast(key: str, value: Any, hint: Any) -> Any:
                 _fail(key, "a number", value)
         return float(value)
     if hint is str:
+        # TOML and YAML read a bare index (feature-stats-layers=0) as an integer.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
         _check(isinstance(value, str), key, "a string", value)
         return value
     raise TypeError(f"no cast for run config key '{key}' of type {hint!r}")

@@ -65,6 +65,14 @@ def test_types_are_cast_and_methods_split():
     assert cfg.data.download is True
 
 
+def test_a_bare_integer_for_a_text_key_is_its_text():
+    assert parse_config({"feature-stats-layers": 0}).prior.feature_stats_layers == "0"
+    with pytest.raises(ConfigError, match="'run-name': expected a string"):
+        parse_config({"run-name": True})
+    with pytest.raises(ConfigError, match="'feature-stats-layers'"):
+        parse_config({"feature-stats-layers": 1.5})
+
+
 def test_preset_overrides_defaults_and_explicit_keys_override_preset():
     assert parse_config({"preset": "digits-alpha01"}).partition.alpha == 0.1
     cfg = parse_config({"preset": "digits-alpha01", "alpha": 0.3})
