@@ -277,10 +277,13 @@ class DistillConfig:
     token_head_init: TokenHeadInit = "random"
     live_mix: float = 1.0
     live_shift: int = 2
+    live_every: int = 1
 
     def __post_init__(self) -> None:
         _check(0 <= self.live_mix <= 1, "live-mix", "a float in [0, 1]", self.live_mix)
         _check(self.live_shift >= 0, "live-shift", "an integer >= 0 (pixels)", self.live_shift)
+        _check(self.live_every >= 1, "live-every", "an integer >= 1 (student steps)",
+               self.live_every)
         _check(self.distill_epochs >= 1, "distill-epochs", "an integer >= 1",
                self.distill_epochs)
         _check(self.distill_batch_size >= 1, "distill-batch-size", "an integer >= 1",

@@ -173,8 +173,9 @@ def train_on_pool(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRelabe
                   label: str, live: LiveRelabel | None = None) -> StudentViT:
     """Train ``student`` in place for ``distill-epochs`` epochs over ``pool``; return it (eval).
 
-    With ``live``, each step also distils on augmented pool images that the
-    ensemble labels on the fly. ``student-tokens`` decides which patches the
+    With ``live``, every ``live-every``-th step also distils on augmented pool
+    images that the ensemble labels on the fly (the ensemble's forward is most of
+    a step's cost). ``student-tokens`` decides which patches the
     student sees: the patches kept to the end of inversion (``kept``; in live
     relabelling too with ``kept-live``), or every patch (``all``), the pruned
     (blank) ones counting as low-attention.
@@ -200,7 +201,7 @@ def train_on_pool(student: StudentViT, pool: SyntheticPool, loss_fn: TokenRelabe
                 cls_logits, token_logits = student.forward_tokens(batch["images"], keep)
             loss, _ = loss_fn(cls_logits, token_logits if loss_fn.uses_tokens else None,
                               batch["soft_labels"], batch["labels"], high, batch["low_labels"])
-            if live is not None:
+            if live is not None and trainer.steps % settings.live_every == 0:
                 with autocast(device, precision):
                     loss = loss + live.loss(student, batch["images"], rng,
                                             keep if live_kept else None)
