@@ -4,10 +4,12 @@ import numpy as np
 import torch
 
 from fedmitr_core.config import DistillConfig
-from fedmitr_core.distill.trainer import LiveRelabel, StudentTrainer, TrainingSetup
+from fedmitr_core.distill.losses import TokenRelabelLoss
+from fedmitr_core.distill.trainer import LiveRelabel, StudentTrainer, TrainingSetup, train_on_pool
 from fedmitr_core.models.student import StudentViT
 from fedmitr_core.models.vit import build_vit
 from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet
+from fedmitr_core.synthesis.pool import SyntheticPool
 
 
 def _vit(seed: int) -> torch.nn.Module:
@@ -32,6 +34,35 @@ def test_live_relabel_on_kept_tokens_ignores_the_pruned_patches():
         full_b = live.loss(student, changed, gen.manual_seed(0))
     torch.testing.assert_close(kept_a, kept_b)
     assert not torch.allclose(full_a, full_b)
+
+
+class _CountingEnsemble(TeacherEnsemble):
+    """The real ensemble, counting the batches it labels."""
+
+    calls = 0
+
+    def predict(self, images, temperature=1.0, keep_idx=None):
+        self.calls += 1
+        return super().predict(images, temperature, keep_idx)
+
+
+def test_live_relabelling_runs_on_every_nth_student_step_only():
+    n, tokens = 8, 16
+    pool = SyntheticPool(images=torch.randn(n, 1, 16, 16), labels=torch.arange(n) % 10,
+                         high_mask=torch.zeros(n, tokens, dtype=torch.bool),
+                         kept_mask=torch.ones(n, tokens, dtype=torch.bool),
+                         soft_labels=torch.full((n, 10), 0.1), low_labels=torch.full((n, 10), 0.1))
+    loss = TokenRelabelLoss(kd_weight=1.0, hi_weight=0.0, lo_weight=0.0, temperature=3.0)
+    calls = {}
+    for every in (1, 3):
+        ens = _CountingEnsemble(TeacherSet([_vit(1), _vit(2)], np.full((2, 10), 3)), "class",
+                                "loop", torch.device("cpu"))
+        settings = DistillConfig(distill_epochs=2, distill_batch_size=2, live_every=every)
+        train_on_pool(StudentViT(_vit(3)), pool, loss, settings,
+                      TrainingSetup(torch.device("cpu")), torch.Generator().manual_seed(0), "t",
+                      live=LiveRelabel(ens, 1.0, 2, 3.0, 1.0))
+        calls[every] = ens.calls
+    assert calls == {1: 8, 3: 3}  # 8 steps: all of them, or steps 0, 3 and 6
 
 
 def _trainer(path, every, steps_per_epoch=3, total=12, wd=0.05):
