@@ -265,7 +265,7 @@ class DistillConfig:
 
     distill_epochs: int = 50
     distill_batch_size: int = 64
-    distill_lr: float = 0.001
+    distill_lr: float = 0.003
     distill_weight_decay: float = 0.05
     temperature: float = 3.0
     kd_weight: float = 1.0
