@@ -12,7 +12,8 @@ trained once per (split, seed) and cached under ``benchmarks/cache/``; the
 server methods run through the app's pipeline (``fedmitr_core.server.pipeline``).
 Writes ``benchmarks/results/<preset>[-<tag>]/``: ``table.md`` (test top-1,
 mean ± std over seeds), ``seeds.md`` (every seed's figure), ``val_table.md``
-(the validation split, on which defaults are chosen), ``results.json`` (every
+(the validation split, on which defaults are chosen), ``leads.md`` (FedMITR minus
+each baseline per split, and on how many seeds it is ahead), ``results.json`` (every
 seed), ``runs/`` (each run's outputs), ``accuracy.png`` and, when ``methods``
 holds ``fedavg-rounds``, ``rounds.png`` (FedAvg accuracy against rounds,
 one-shot methods as lines); with ``privacy-audit=true``, ``audit/``
@@ -51,6 +52,7 @@ from benchmarks.tables import mean_std
 from benchmarks.upload_cache import cached_uploads, client_key
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data.datasets import DatasetSplits, load_dataset
+from fedmitr_core.methods import BASELINES
 from fedmitr_core.progress import Emit
 from fedmitr_core.server.pipeline import run_pipeline
 from fedmitr_core.server.reports import draw_rounds
@@ -156,6 +158,52 @@ def seed_table(records: list[dict[str, Any]], metric: str = "accuracy") -> str:
         return " / ".join(f"{100 * v:.1f}" if v is not None else "-" for v in values)
 
     return _method_table(by_split, heads, cell, metric)
+
+
+def lead_table(records: list[dict[str, Any]], method: str = "fedmitr",
+               metric: str = "accuracy") -> str:
+    """Markdown: ``method`` against each baseline, per split, seed by seed.
+
+    Rows: each of ``BASELINES`` in the records, then ``best baseline`` (each seed's
+    best of them); a cell is the mean over seeds of ``method`` minus that row
+    (points) and on how many of the seeds ``method`` is ahead, e.g. ``+2.31 (4/5)``.
+    The last row is ``method``'s mean as a share of the ensemble's mean.
+    """
+    by_split = _by_split(records)
+    present = {m for rs in by_split.values() for r in rs for m in r["results"]}
+    rows = [b for b in BASELINES if b in present]
+
+    def values(rs: list[dict[str, Any]], m: str) -> dict[int, float]:
+        return {r["seed"]: 100 * r["results"][m][metric] for r in rs
+                if r["results"].get(m, {}).get(metric) is not None}
+
+    def lead(mine: dict[int, float], theirs: dict[int, float]) -> str:
+        seeds = sorted(mine.keys() & theirs.keys())
+        if not seeds:
+            return "-"
+        diffs = [mine[s] - theirs[s] for s in seeds]
+        return f"{np.mean(diffs):+.2f} ({sum(d > 0 for d in diffs)}/{len(diffs)})"
+
+    lines = [f"| {method} against | " + " | ".join(by_split) + " |",
+             "|---" * (len(by_split) + 1) + "|"]
+    cells: dict[str, list[str]] = {row: [] for row in [*rows, "best baseline", "ensemble"]}
+    for rs in by_split.values():
+        mine = values(rs, method)
+        theirs = {b: values(rs, b) for b in rows}
+        for b in rows:
+            cells[b].append(lead(mine, theirs[b]))
+        best = {s: max(t[s] for t in theirs.values() if s in t)
+                for s in mine if any(s in t for t in theirs.values())}
+        cells["best baseline"].append(lead(mine, best))
+        ens = values(rs, "ensemble")
+        seeds = sorted(mine.keys() & ens.keys())
+        cells["ensemble"].append(
+            f"{100 * np.mean([mine[s] for s in seeds]) / np.mean([ens[s] for s in seeds]):.1f} %"
+            if seeds else "-")
+    for row, row_cells in cells.items():
+        label = f"{method} / ensemble" if row == "ensemble" else row
+        lines.append(f"| {label} | " + " | ".join(row_cells) + " |")
+    return "\n".join(lines)
 
 
 def plot_accuracy(records: list[dict[str, Any]], path: Path) -> None:
@@ -333,7 +381,9 @@ def _run_pairs(pairs: list[tuple[dict[str, Any], int]], run_config: dict[str, An
 
 
 def write_tables(records: list[dict[str, Any]], out: Path) -> None:
-    """Write ``table.md``, ``seeds.md``, ``val_table.md``, ``accuracy.png`` (``rounds.png``).
+    """Write ``table.md``, ``seeds.md``, ``val_table.md``, ``leads.md`` and the pictures.
+
+    The pictures: ``accuracy.png`` and, with ``fedavg-rounds``, ``rounds.png``.
 
     The tables are printed as well.
     """
@@ -341,6 +391,8 @@ def write_tables(records: list[dict[str, Any]], out: Path) -> None:
     (out / "seeds.md").write_text(seed_table(records) + "\n", encoding="utf-8")
     (out / "val_table.md").write_text(summary_table(records, "val-accuracy") + "\n",
                                       encoding="utf-8")
+    if any("fedmitr" in r["results"] for r in records):
+        (out / "leads.md").write_text(lead_table(records) + "\n", encoding="utf-8")
     plot_accuracy(records, out / "accuracy.png")
     if any("fedavg-rounds" in r["results"] for r in records):
         plot_rounds_by_split(records, out / "rounds.png")

@@ -34,8 +34,12 @@ METHODS: dict[str, ServerMethod] = {
     "fedftg": run_fedftg,
 }
 
+# The one-shot methods FedMITR is measured against (the benchmark's leads.md).
+BASELINES: tuple[str, ...] = ("deepinversion", "dense", "coboosting", "fedftg", "fedavg")
+
 # References that need more rounds with the clients: run by the ServerApp after the
 # one-shot round (server_app/fedavg_rounds.py), not on the one-shot uploads.
 ROUND_METHODS: frozenset[str] = frozenset(get_args(RoundMethod))
 
-__all__ = ["METHODS", "POOLS", "ROUND_METHODS", "MethodResult", "ServerContext", "ServerMethod"]
+__all__ = ["BASELINES", "METHODS", "POOLS", "ROUND_METHODS", "MethodResult", "ServerContext",
+           "ServerMethod"]

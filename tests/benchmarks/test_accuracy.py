@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from benchmarks.accuracy import (
+    lead_table,
     load_sweep,
     main,
     run_benchmark,
@@ -114,6 +115,22 @@ def test_seed_table_lines_up_every_seed_in_seed_order():
     assert "| method | dir-0.1, seeds 0 / 1 |" in table
     assert "| m | 20.0 / 40.0 |" in table
     assert "| n | 50.0 / - |" in table
+
+
+def test_lead_table_compares_fedmitr_with_each_baseline_seed_by_seed():
+    acc = {0: {"fedmitr": 0.6, "deepinversion": 0.5, "dense": 0.7, "ensemble": 0.8},
+           1: {"fedmitr": 0.4, "deepinversion": 0.5, "dense": 0.2, "ensemble": 0.8}}
+    records = [{"split": "dir-0.1", "seed": s,
+                "results": {m: {"accuracy": a} for m, a in accs.items()}}
+               for s, accs in acc.items()]
+    table = lead_table(records)
+    assert "| fedmitr against | dir-0.1 |" in table
+    assert "| deepinversion | +0.00 (1/2) |" in table  # +10 and -10 points
+    assert "| dense | +5.00 (1/2) |" in table  # -10 and +20
+    # Each seed's best baseline: dense on seed 0 (-10), deepinversion on seed 1 (-10).
+    assert "| best baseline | -10.00 (0/2) |" in table
+    assert "| fedmitr / ensemble | 62.5 % |" in table
+    assert "coboosting" not in table  # a baseline that did not run gets no row
 
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in SIM_CONFIGS_DIR.glob("*.yaml")))
@@ -228,4 +245,5 @@ def test_tables_only_rewrites_the_tables_from_results_json(tmp_path):
     assert "| m | 30.00 ± 10.00 |" in (out / "table.md").read_text()
     assert "| m | 20.0 / 40.0 |" in (out / "seeds.md").read_text()
     assert "| m | 15.00 ± 5.00 |" in (out / "val_table.md").read_text()
+    assert not (out / "leads.md").exists()  # no fedmitr to compare
     assert not (out / "runs").exists()  # nothing ran
