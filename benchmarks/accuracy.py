@@ -186,7 +186,8 @@ def lead_table(records: list[dict[str, Any]], method: str = "fedmitr",
 
     lines = [f"| {method} against | " + " | ".join(by_split) + " |",
              "|---" * (len(by_split) + 1) + "|"]
-    cells: dict[str, list[str]] = {row: [] for row in [*rows, "best baseline", "ensemble"]}
+    share = f"{method} / ensemble"
+    cells: dict[str, list[str]] = {row: [] for row in [*rows, "best baseline", share]}
     for rs in by_split.values():
         mine = values(rs, method)
         theirs = {b: values(rs, b) for b in rows}
@@ -197,12 +198,10 @@ def lead_table(records: list[dict[str, Any]], method: str = "fedmitr",
         cells["best baseline"].append(lead(mine, best))
         ens = values(rs, "ensemble")
         seeds = sorted(mine.keys() & ens.keys())
-        cells["ensemble"].append(
+        cells[share].append(
             f"{100 * np.mean([mine[s] for s in seeds]) / np.mean([ens[s] for s in seeds]):.1f} %"
             if seeds else "-")
-    for row, row_cells in cells.items():
-        label = f"{method} / ensemble" if row == "ensemble" else row
-        lines.append(f"| {label} | " + " | ".join(row_cells) + " |")
+    lines += [f"| {row} | " + " | ".join(row_cells) + " |" for row, row_cells in cells.items()]
     return "\n".join(lines)
 
 
