@@ -326,6 +326,7 @@ class BaselineConfig:
     fedftg_adv: float = 1.0
     fedftg_div: float = 1.0
     fedftg_temperature: float = 1.0
+    fedftg_lr: float = 0.001
     dense_stats: float = 1.0
     coboost_stats: float = 1.0
     fedftg_stats: float = 1.0
@@ -334,7 +335,7 @@ class BaselineConfig:
         for key in ("gen_rounds", "gen_steps", "gen_nz", "gen_width"):
             value = getattr(self, key)
             _check(value >= 1, key.replace("_", "-"), "an integer >= 1", value)
-        for key in ("gen_lr", "dense_temperature", "coboost_adv_temperature",
+        for key in ("gen_lr", "fedftg_lr", "dense_temperature", "coboost_adv_temperature",
                     "coboost_temperature", "fedftg_temperature"):
             value = getattr(self, key)
             _check(value > 0, key.replace("_", "-"), "a float > 0", value)

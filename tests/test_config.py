@@ -43,6 +43,7 @@ def test_pyproject_defaults_equal_core_defaults(repo_root):
         ({"coboost-mu-decay": 1.5}, "'coboost-mu-decay'"),
         ({"dense-temperature": 0}, "'dense-temperature'"),
         ({"fedftg-div": -1}, "'fedftg-div'"),
+        ({"fedftg-lr": 0}, "'fedftg-lr'"),
     ],
 )
 def test_bad_values_name_the_key(overrides, key):

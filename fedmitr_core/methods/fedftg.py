@@ -22,7 +22,9 @@ def run_fedftg(ctx: ServerContext) -> MethodResult:
     Labels are drawn in proportion to the global class counts, the teachers are
     weighted per class ``w_{k,y} = n_{k,y} / n_y``, a diversity term keeps the
     images apart, and the student starts from the one-shot FedAvg model whatever
-    ``student-init`` says (FedFTG fine-tunes the aggregated model).
+    ``student-init`` says (FedFTG fine-tunes the aggregated model), at its own rate
+    ``fedftg-lr``: fine-tuning a trained start prefers a lower rate than distilling
+    (chosen on the validation split, docs/tuning.md t37).
 
     In one shot there is one fine-tuning phase; its generated images accumulate in a
     pool of ``syn-images`` like the other methods', so every method sees the same number.
@@ -37,5 +39,6 @@ def run_fedftg(ctx: ServerContext) -> MethodResult:
                                        ctx.ensemble, recipe, b, ctx.cfg.runtime.precision,
                                        synthesis_prior(ctx.ensemble, ctx.cfg.prior,
                                                        b.fedftg_stats))
-    method = GeneratorKD("fedftg", synthesizer, b.fedftg_temperature, student_init="fedavg")
+    method = GeneratorKD("fedftg", synthesizer, b.fedftg_temperature, student_init="fedavg",
+                         distill_lr=b.fedftg_lr)
     return run_generator_kd(ctx, method, rng)

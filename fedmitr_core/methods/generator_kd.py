@@ -14,7 +14,7 @@ and FedFTG (``dense.py``, ``coboosting.py``, ``fedftg.py``) differ in their
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -54,7 +54,8 @@ class GeneratorKD:
     batch, ``before_joining`` sees the pool after each round's synthesis and
     before the new batch joins it (Co-Boosting re-weights the ensemble there),
     and ``state`` names what else a checkpoint must hold (the generator always
-    is). ``student_init`` overrides ``student-init`` (FedFTG fine-tunes FedAvg).
+    is). ``student_init`` overrides ``student-init`` (FedFTG fine-tunes FedAvg) and
+    ``distill_lr`` overrides ``distill-lr`` (FedFTG's own rate, ``fedftg-lr``).
     ``passes_over_pool``: shuffled passes over the pool, each round's steps in
     proportion to its pool size; otherwise batches drawn with replacement, an
     even share of the steps per round.
@@ -67,6 +68,7 @@ class GeneratorKD:
     before_joining: RoundHook | None = None
     state: dict[str, Stateful] = field(default_factory=dict)
     student_init: str | None = None
+    distill_lr: float | None = None
     passes_over_pool: bool = False
 
 
@@ -145,7 +147,9 @@ def run_generator_kd(ctx: ServerContext, method: GeneratorKD, rng: torch.Generat
     rounds = max(1, min(cfg.baseline.gen_rounds, cfg.inversion.syn_images))
     per_epoch = steps_per_epoch(ctx)
     student = make_student(ctx, method.student_init)
-    trainer = StudentTrainer(student, cfg.distill, training_setup(ctx, method.name),
+    settings = cfg.distill if method.distill_lr is None else replace(
+        cfg.distill, distill_lr=method.distill_lr)
+    trainer = StudentTrainer(student, settings, training_setup(ctx, method.name),
                              cfg.distill.distill_epochs * per_epoch, per_epoch)
     state = {"generator": synth.net, **method.state}
     done, saved = trainer.resume(rng, f"{method.name}: generator round")

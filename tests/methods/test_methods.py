@@ -42,12 +42,10 @@ def generator_budget(tiny):
 
     And more generator rounds than 4: with the token-statistics prior in its loss, the
     FedFTG generator at 4 rounds left the student at 0.287 agreement from a 0.259 start
-    (0.334 without the prior), at 8 rounds 0.404. The student's rate stays at 1e-3,
-    the rate this budget was set at: at the default 3e-3 FedFTG, which fine-tunes the
-    FedAvg start, ends at 0.270 here, as it loses at full scale too (tuning.md, t37).
+    (0.334 without the prior), at 8 rounds 0.404.
     """
     cfg = parse_config({**tiny, "local-epochs": 20, "alpha": 1.0, "syn-images": 120,
-                        "distill-epochs": 30, "gen-rounds": 8, "distill-lr": 0.001})
+                        "distill-epochs": 30, "gen-rounds": 8})
     return lambda ctx: ServerContext(**{**ctx.__dict__, "cfg": cfg})
 
 
@@ -94,6 +92,21 @@ def test_generator_baselines_pull_the_fedavg_start_towards_the_ensemble(tiny_con
     assert all(torch.equal(a, b) for a, b in zip(out.model.state_dict().values(),
                                                  again.model.state_dict().values(),
                                                  strict=True))
+
+
+def test_fedftg_fine_tunes_at_its_own_rate_whatever_distill_lr_says(tiny_context, tiny):
+    ctx, _ = tiny_context
+    budget = {**tiny, "syn-images": 16, "distill-epochs": 2, "gen-rounds": 2, "gen-steps": 2}
+
+    def fedftg(**rates):
+        cfg = parse_config({**budget, **rates})
+        return METHODS["fedftg"](ServerContext(**{**ctx.__dict__, "cfg": cfg})).model.state_dict()
+
+    base = fedftg(**{"distill-lr": 0.003, "fedftg-lr": 0.001})
+    other_distill = fedftg(**{"distill-lr": 0.01, "fedftg-lr": 0.001})
+    other_fedftg = fedftg(**{"distill-lr": 0.003, "fedftg-lr": 0.01})
+    assert all(torch.equal(base[k], other_distill[k]) for k in base)
+    assert not all(torch.equal(base[k], other_fedftg[k]) for k in base)
 
 
 def test_kd_real_distils_on_the_real_training_images(tiny_context):
