@@ -49,7 +49,7 @@ import yaml
 
 from benchmarks.privacy_audit import saved_audit, write_report
 from benchmarks.tables import mean_std
-from benchmarks.upload_cache import cached_uploads, client_key
+from benchmarks.upload_cache import cached_uploads, client_key, uploads_digest
 from fedmitr_core.config import ConfigError, FedMITRConfig, parse_config, parse_overrides
 from fedmitr_core.data.datasets import DatasetSplits, load_dataset
 from fedmitr_core.methods import BASELINES
@@ -313,6 +313,34 @@ def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, An
     return records
 
 
+# Rows that depend on the uploads only: equal on the same uploads whatever the server ran.
+UPLOAD_ROWS = ("ensemble", "fedavg", "local-mean")
+
+
+def merge_record(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``new``'s rows over ``kept``'s, for one (split, seed) run again with ``--append``.
+
+    Rows of methods ``new`` did not run stay, so a method can be added to or run
+    again in a table. Both must come from the same uploads: the same
+    ``uploads-digest``, or, for a record kept from before digests were saved,
+    the same accuracy in every row of ``UPLOAD_ROWS`` they share.
+    """
+    name = f"{new['split']}-seed{new['seed']}"
+    if "uploads-digest" in kept:
+        same = kept["uploads-digest"] == new["uploads-digest"]
+        seen = f"digest {kept['uploads-digest']} there, {new['uploads-digest']} now"
+    else:
+        shared = [m for m in UPLOAD_ROWS if m in kept["results"] and m in new["results"]]
+        same = bool(shared) and all(kept["results"][m]["accuracy"]
+                                    == new["results"][m]["accuracy"] for m in shared)
+        seen = f"rows {shared or list(UPLOAD_ROWS)} differ"
+    if not same:
+        raise ConfigError(f"--append: {name} ran on other uploads than its record in "
+                          f"results.json ({seen}); their rows cannot share a table: "
+                          "use another --tag")
+    return {**kept, **new, "results": {**kept["results"], **new["results"]}}
+
+
 def check_variants(variants: Variants, run_config: dict[str, Any]) -> None:
     """Refuse a variant that is badly named or would change the clients' uploads."""
     base = parse_config(run_config)
@@ -354,7 +382,7 @@ def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_c
         outcome.results.update({f"{m} ({label})": results[m] for m in variant.server.methods
                                 if m in results})
     return {"split": split_name(split), "seed": seed, "cached": cached,
-            "torch-threads": torch.get_num_threads(),
+            "uploads-digest": uploads_digest(source), "torch-threads": torch.get_num_threads(),
             "client-seconds": 0.0 if cached else client_s, "results": outcome.results}
 
 
@@ -427,8 +455,9 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
     """Run the sweep of ``preset``; return one record per (split, seed).
 
     The keyword options are the command line's flags, one each. With ``append``
-    the records already in the results folder are kept (those of the (split,
-    seed) pairs run again are replaced) and the tables cover them all. With
+    the records already in the results folder are kept and the tables cover them
+    all; a (split, seed) pair run again replaces the rows of the methods it ran
+    and keeps the others, on the same uploads only (``merge_record``). With
     ``workers > 1`` the (split, seed) pairs run in that many processes, the CPU
     cores shared out between them as torch threads. Each pair seeds its own
     generators, so its result does not depend on which pairs ran before it.
@@ -440,19 +469,21 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
     out = results_folder(results_root, preset, tag)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     chosen = [s for s in sweep["splits"] if not splits or split_name(s) in splits]
-    earlier = previous_records(out, run_config) if append else []
+    earlier = {(r["split"], r["seed"]): r
+               for r in (previous_records(out, run_config) if append else [])}
     order = [split_name(s) for s in sweep["splits"]]
     settings = resolved_settings(run_config)
     records: list[dict[str, Any]] = []
 
     def all_records() -> list[dict[str, Any]]:
         done = {(r["split"], r["seed"]) for r in records}
-        kept = [r for r in earlier if (r["split"], r["seed"]) not in done]
+        kept = [r for r in earlier.values() if (r["split"], r["seed"]) not in done]
         return sorted(kept + records, key=lambda r: (
             order.index(r["split"]) if r["split"] in order else len(order), r["seed"]))
 
     def keep(record: dict[str, Any]) -> None:
-        records.append(record)
+        pair = (record["split"], record["seed"])
+        records.append(merge_record(earlier[pair], record) if pair in earlier else record)
         (out / "results.json").write_text(json.dumps(
             {"preset": str(preset), "run-config": run_config,
              "resolved-config": settings, "sweep": sweep, "variants": variants,
@@ -493,8 +524,9 @@ def main(argv: list[str] | None = None) -> None:
                              "benchmarks/results/tuning)")
     parser.add_argument("--append", action="store_true",
                         help="keep the records already in the results folder (same run "
-                             "config but for 'methods'); re-run (split, seed) pairs replace "
-                             "theirs")
+                             "config but for 'methods'); a (split, seed) pair run again "
+                             "replaces the rows of the methods it ran, on the same uploads "
+                             "only")
     parser.add_argument("--workers", type=int, default=1,
                         help="(split, seed) pairs run in parallel processes (default 1); "
                              "on a small CPU, 2 single-threaded workers beat 1 with 2 threads")

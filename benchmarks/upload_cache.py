@@ -46,6 +46,19 @@ def client_key(cfg: FedMITRConfig, num_clients: int, threads: int | None = None)
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def uploads_digest(folder: Path) -> str:
+    """Hex digest of the uploads in a run or cache folder (every file of ``uploads/``).
+
+    Two folders with the same digest hold the same teachers, statistics and label
+    counts byte for byte, whichever machine trained them.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(p for p in (folder / "uploads").rglob("*") if p.is_file()):
+        digest.update(path.relative_to(folder).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cached_uploads(cfg: FedMITRConfig, num_clients: int, data: DatasetSplits,
                    cache_dir: Path, log: Callable[[str], None] = print) -> tuple[Path, bool]:
     """The folder of ``cfg``'s uploads, trained now or found in ``cache_dir``.

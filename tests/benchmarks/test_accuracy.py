@@ -17,7 +17,7 @@ from benchmarks.accuracy import (
     split_name,
     summary_table,
 )
-from benchmarks.upload_cache import client_key
+from benchmarks.upload_cache import client_key, uploads_digest
 from fedmitr_core.config import SIM_CONFIGS_DIR, ConfigError, parse_config
 
 
@@ -205,6 +205,40 @@ def test_append_keeps_earlier_records_of_the_same_run_config(tiny, tmp_path):
         run_benchmark(preset, seeds=[0], splits=["iid"], append=True,
                       overrides={"keep-ratio": 0.9}, **kwargs)
     run_benchmark(preset, seeds=[0], splits=["iid"], append=True, **kwargs)
+
+
+def test_append_adds_a_method_on_the_same_uploads_and_refuses_other_uploads(tiny, tmp_path):
+    preset = _preset(tmp_path, {**tiny, "local-epochs": 2, "methods": "deepinversion"}, SWEEP)
+    kwargs = {"results_root": tmp_path / "results", "cache_dir": tmp_path / "cache"}
+    first = run_benchmark(preset, **kwargs)[0]
+    digest = first["uploads-digest"]
+    assert digest == uploads_digest(next((tmp_path / "cache").iterdir()))
+    added = run_benchmark(preset, overrides={"methods": "fedavg"}, append=True, **kwargs)
+    # One record per pair: the DeepInversion row of the first run is kept beside the
+    # second's; the upload-only rows did not move.
+    assert len(added) == 1 and added[0]["uploads-digest"] == digest
+    assert added[0]["results"]["deepinversion"] == first["results"]["deepinversion"]
+    for row in ("ensemble", "fedavg"):
+        assert added[0]["results"][row]["accuracy"] == first["results"][row]["accuracy"]
+    table = (tmp_path / "results" / "tiny" / "table.md").read_text()
+    assert "| deepinversion |" in table and "| fedavg |" in table
+    results = tmp_path / "results" / "tiny" / "results.json"
+
+    def tamper(change) -> None:
+        saved = json.loads(results.read_text())
+        change(saved["records"][0])
+        results.write_text(json.dumps(saved))
+
+    tamper(lambda r: r.update({"uploads-digest": "0" * 16}))
+    with pytest.raises(ConfigError, match="dir-0.5-seed0 ran on other uploads"):
+        run_benchmark(preset, overrides={"methods": "fedavg"}, append=True, **kwargs)
+    # A record from before digests were kept is compared by its upload-only rows.
+    tamper(lambda r: r.pop("uploads-digest"))
+    kept = run_benchmark(preset, overrides={"methods": "fedavg"}, append=True, **kwargs)[0]
+    assert "deepinversion" in kept["results"] and kept["uploads-digest"] == digest
+    tamper(lambda r: (r.pop("uploads-digest"), r["results"]["ensemble"].update(accuracy=0.0)))
+    with pytest.raises(ConfigError, match="other uploads"):
+        run_benchmark(preset, overrides={"methods": "fedavg"}, append=True, **kwargs)
 
 
 def test_a_variant_reruns_the_server_on_the_same_uploads_as_extra_rows(tiny, tmp_path):
