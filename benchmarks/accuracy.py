@@ -471,6 +471,9 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
     chosen = [s for s in sweep["splits"] if not splits or split_name(s) in splits]
     earlier = {(r["split"], r["seed"]): r
                for r in (previous_records(out, run_config) if append else [])}
+    if earlier:  # the labels of variant rows kept from earlier runs stay defined
+        saved = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        variants = {**saved.get("variants", {}), **variants}
     order = [split_name(s) for s in sweep["splits"]]
     settings = resolved_settings(run_config)
     records: list[dict[str, Any]] = []

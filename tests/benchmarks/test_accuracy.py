@@ -213,7 +213,8 @@ def test_append_adds_a_method_on_the_same_uploads_and_refuses_other_uploads(tiny
     first = run_benchmark(preset, **kwargs)[0]
     digest = first["uploads-digest"]
     assert digest == uploads_digest(next((tmp_path / "cache").iterdir()))
-    added = run_benchmark(preset, overrides={"methods": "fedavg"}, append=True, **kwargs)
+    added = run_benchmark(preset, overrides={"methods": "fedavg"}, append=True,
+                          variants={"uniform": {"weighting": "uniform"}}, **kwargs)
     # One record per pair: the DeepInversion row of the first run is kept beside the
     # second's; the upload-only rows did not move.
     assert len(added) == 1 and added[0]["uploads-digest"] == digest
@@ -223,6 +224,10 @@ def test_append_adds_a_method_on_the_same_uploads_and_refuses_other_uploads(tiny
     table = (tmp_path / "results" / "tiny" / "table.md").read_text()
     assert "| deepinversion |" in table and "| fedavg |" in table
     results = tmp_path / "results" / "tiny" / "results.json"
+    # A later append without variants keeps their rows and what they were.
+    again = run_benchmark(preset, overrides={"methods": "fedavg"}, append=True, **kwargs)
+    assert "fedavg (uniform)" in again[0]["results"]
+    assert json.loads(results.read_text())["variants"] == {"uniform": {"weighting": "uniform"}}
 
     def tamper(change) -> None:
         saved = json.loads(results.read_text())
