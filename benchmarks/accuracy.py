@@ -341,6 +341,11 @@ def merge_record(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return {**kept, **new, "results": {**kept["results"], **new["results"]}}
 
 
+def saved_variants(out: Path) -> Variants:
+    """The variants whose rows ``out/results.json`` holds, by label (kept across appends)."""
+    return json.loads((out / "results.json").read_text(encoding="utf-8")).get("variants", {})
+
+
 def check_variants(variants: Variants, run_config: dict[str, Any]) -> None:
     """Refuse a variant that is badly named or would change the clients' uploads."""
     base = parse_config(run_config)
@@ -471,9 +476,7 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
     chosen = [s for s in sweep["splits"] if not splits or split_name(s) in splits]
     earlier = {(r["split"], r["seed"]): r
                for r in (previous_records(out, run_config) if append else [])}
-    if earlier:  # the labels of variant rows kept from earlier runs stay defined
-        saved = json.loads((out / "results.json").read_text(encoding="utf-8"))
-        variants = {**saved.get("variants", {}), **variants}
+    labels = {**saved_variants(out), **variants} if earlier else variants
     order = [split_name(s) for s in sweep["splits"]]
     settings = resolved_settings(run_config)
     records: list[dict[str, Any]] = []
@@ -489,7 +492,7 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
         records.append(merge_record(earlier[pair], record) if pair in earlier else record)
         (out / "results.json").write_text(json.dumps(
             {"preset": str(preset), "run-config": run_config,
-             "resolved-config": settings, "sweep": sweep, "variants": variants,
+             "resolved-config": settings, "sweep": sweep, "variants": labels,
              "records": all_records()}, indent=1, default=float), encoding="utf-8")
 
     pairs = [(split, int(seed)) for split in chosen

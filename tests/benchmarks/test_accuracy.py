@@ -224,10 +224,13 @@ def test_append_adds_a_method_on_the_same_uploads_and_refuses_other_uploads(tiny
     table = (tmp_path / "results" / "tiny" / "table.md").read_text()
     assert "| deepinversion |" in table and "| fedavg |" in table
     results = tmp_path / "results" / "tiny" / "results.json"
-    # A later append without variants keeps their rows and what they were.
+    # A later append without variants keeps their rows and what they were, unrun.
+    variant_run = tmp_path / "results" / "tiny" / "runs" / "dir-0.5-seed0-uniform"
+    (variant_run / "metrics.json").unlink()
     again = run_benchmark(preset, overrides={"methods": "fedavg"}, append=True, **kwargs)
     assert "fedavg (uniform)" in again[0]["results"]
     assert json.loads(results.read_text())["variants"] == {"uniform": {"weighting": "uniform"}}
+    assert not (variant_run / "metrics.json").exists()
 
     def tamper(change) -> None:
         saved = json.loads(results.read_text())
