@@ -323,7 +323,9 @@ def merge_record(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     Rows of methods ``new`` did not run stay, so a method can be added to or run
     again in a table. Both must come from the same uploads: the same
     ``uploads-digest``, or, for a record kept from before digests were saved,
-    the same accuracy in every row of ``UPLOAD_ROWS`` they share.
+    the same accuracy in every row of ``UPLOAD_ROWS`` they share. The merged
+    record keeps how the uploads were made from the first run and lists the run
+    folders of both in ``run-folders``.
     """
     name = f"{new['split']}-seed{new['seed']}"
     if "uploads-digest" in kept:
@@ -338,12 +340,30 @@ def merge_record(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"--append: {name} ran on other uploads than its record in "
                           f"results.json ({seen}); their rows cannot share a table: "
                           "use another --tag")
-    return {**kept, **new, "results": {**kept["results"], **new["results"]}}
+    made = {k: kept[k] for k in ("cached", "client-seconds") if k in kept}
+    return {**new, **made, "run-folders": kept.get("run-folders", [name]) + new["run-folders"],
+            "results": {**kept["results"], **new["results"]}}
 
 
-def saved_variants(out: Path) -> Variants:
-    """The variants whose rows ``out/results.json`` holds, by label (kept across appends)."""
-    return json.loads((out / "results.json").read_text(encoding="utf-8")).get("variants", {})
+def saved_table(out: Path, run_config: dict[str, Any]) -> tuple[dict[str, Any], Variants]:
+    """The run config and variants of the table ``out/results.json`` holds, with this run's.
+
+    ``methods`` becomes every method the table has run (its own first, then this
+    run's); variants keep their labels' definitions (kept across appends).
+    """
+    saved = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    methods = list(parse_config(saved.get("run-config", {})).server.methods)
+    methods += [m for m in parse_config(run_config).server.methods if m not in methods]
+    return {**run_config, "methods": ",".join(methods)}, saved.get("variants", {})
+
+
+def free_folder(folder: Path) -> Path:
+    """``folder``, or ``<folder>-run2`` (``-run3``, ...) if a run is already there."""
+    n = 1
+    while (candidate := folder if n == 1 else folder.with_name(f"{folder.name}-run{n}")
+           ).exists():
+        n += 1
+    return candidate
 
 
 def check_variants(variants: Variants, run_config: dict[str, Any]) -> None:
@@ -359,11 +379,14 @@ def check_variants(variants: Variants, run_config: dict[str, Any]) -> None:
 
 
 def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_clients: int,
-             out: Path, cache_dir: Path, variants: Variants | None = None) -> dict[str, Any]:
+             out: Path, cache_dir: Path, variants: Variants | None = None,
+             keep_runs: bool = False) -> dict[str, Any]:
     """One (split, seed): train or load the clients, run every server method; its record.
 
     Each of ``variants`` runs the server again on the same uploads; its methods'
-    results join the record as ``<method> (<label>)``.
+    results join the record as ``<method> (<label>)``. With ``keep_runs`` a run
+    folder already under ``out/runs`` is not overwritten (``free_folder``); the
+    record's ``run-folders`` names the folders written.
     """
     pair_config = {**run_config, **split, "seed": seed}
     cfg: FedMITRConfig = parse_config(pair_config)
@@ -375,30 +398,36 @@ def run_pair(run_config: dict[str, Any], split: dict[str, Any], seed: int, num_c
     print(f"[{name}] uploads in {source} "
           f"({'cached' if cached else f'trained in {client_s:.0f} s'})", flush=True)
     emit = lambda line: print(f"[{name}] {line}", flush=True)  # noqa: E731
-    outcome = run_pipeline(cfg, data, out / "runs" / name, emit=emit, source=source)
+    place = free_folder if keep_runs else (lambda folder: folder)
+    run_dir = place(out / "runs" / name)
+    folders = [run_dir.name]
+    outcome = run_pipeline(cfg, data, run_dir, emit=emit, source=source)
     if "fedavg-rounds" in cfg.server.methods:
         outcome.results["fedavg-rounds"] = run_rounds(
-            pair_config, cfg, data, source / "uploads", num_clients, out / "runs" / name, emit)
+            pair_config, cfg, data, source / "uploads", num_clients, run_dir, emit)
     for label, keys in (variants or {}).items():
         variant = parse_config({**pair_config, **keys})
-        folder = out / "runs" / f"{name}-{label.strip().replace(' ', '-')}"
+        folder = place(out / "runs" / f"{name}-{label.strip().replace(' ', '-')}")
+        folders.append(folder.name)
         emit(f"variant '{label}': {keys}")
         results = run_pipeline(variant, data, folder, emit=emit, source=source).results
         outcome.results.update({f"{m} ({label})": results[m] for m in variant.server.methods
                                 if m in results})
     return {"split": split_name(split), "seed": seed, "cached": cached,
             "uploads-digest": uploads_digest(source), "torch-threads": torch.get_num_threads(),
-            "client-seconds": 0.0 if cached else client_s, "results": outcome.results}
+            "client-seconds": 0.0 if cached else client_s, "run-folders": folders,
+            "results": outcome.results}
 
 
 def _run_pairs(pairs: list[tuple[dict[str, Any], int]], run_config: dict[str, Any],
                num_clients: int, out: Path, cache_dir: Path, workers: int,
-               keep: Callable[[dict[str, Any]], None], variants: Variants | None = None
-               ) -> None:
+               keep: Callable[[dict[str, Any]], None], variants: Variants | None = None,
+               keep_runs: bool = False) -> None:
     """Run every (split, seed) pair, in this process or in ``workers`` processes."""
     if workers <= 1:
         for split, seed in pairs:
-            keep(run_pair(run_config, split, seed, num_clients, out, cache_dir, variants))
+            keep(run_pair(run_config, split, seed, num_clients, out, cache_dir, variants,
+                          keep_runs))
         return
     threads = max(1, (os.cpu_count() or 1) // workers)
     print(f"{len(pairs)} (split, seed) pairs on {workers} worker processes, "
@@ -407,7 +436,7 @@ def _run_pairs(pairs: list[tuple[dict[str, Any], int]], run_config: dict[str, An
     with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads,
                              initargs=(threads,)) as pool:
         futures = [pool.submit(run_pair, run_config, split, seed, num_clients, out, cache_dir,
-                               variants) for split, seed in pairs]
+                               variants, keep_runs) for split, seed in pairs]
         for future in as_completed(futures):
             keep(future.result())
 
@@ -476,7 +505,8 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
     chosen = [s for s in sweep["splits"] if not splits or split_name(s) in splits]
     earlier = {(r["split"], r["seed"]): r
                for r in (previous_records(out, run_config) if append else [])}
-    labels = {**saved_variants(out), **variants} if earlier else variants
+    table_config, labels = saved_table(out, run_config) if earlier else (run_config, {})
+    labels = {**labels, **variants}
     order = [split_name(s) for s in sweep["splits"]]
     settings = resolved_settings(run_config)
     records: list[dict[str, Any]] = []
@@ -491,14 +521,14 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
         pair = (record["split"], record["seed"])
         records.append(merge_record(earlier[pair], record) if pair in earlier else record)
         (out / "results.json").write_text(json.dumps(
-            {"preset": str(preset), "run-config": run_config,
+            {"preset": str(preset), "run-config": table_config,
              "resolved-config": settings, "sweep": sweep, "variants": labels,
              "records": all_records()}, indent=1, default=float), encoding="utf-8")
 
     pairs = [(split, int(seed)) for split in chosen
              for seed in (seeds if seeds is not None else sweep["seeds"])]
     _run_pairs(pairs, run_config, int(sweep["num-clients"]), out, cache_dir, workers, keep,
-               variants)
+               variants, keep_runs=append)
     records = all_records()
     write_tables(records, out)
     summarise_audits(out)

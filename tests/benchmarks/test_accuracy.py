@@ -224,6 +224,16 @@ def test_append_adds_a_method_on_the_same_uploads_and_refuses_other_uploads(tiny
     table = (tmp_path / "results" / "tiny" / "table.md").read_text()
     assert "| deepinversion |" in table and "| fedavg |" in table
     results = tmp_path / "results" / "tiny" / "results.json"
+    # The first run's folder is left as it was; the record names every folder, keeps
+    # how the uploads were made, and the table's run config names every method run.
+    runs = tmp_path / "results" / "tiny" / "runs"
+    assert "deepinversion" in json.loads((runs / "dir-0.5-seed0" / "metrics.json").read_text(
+        ))["results"]
+    assert added[0]["run-folders"] == ["dir-0.5-seed0", "dir-0.5-seed0-run2",
+                                       "dir-0.5-seed0-uniform"]
+    assert "fedavg" in (runs / "dir-0.5-seed0-run2" / "metrics.json").read_text()
+    assert (added[0]["cached"], added[0]["client-seconds"]) == (False, first["client-seconds"])
+    assert json.loads(results.read_text())["run-config"]["methods"] == "deepinversion,fedavg"
     # A later append without variants keeps their rows and what they were, unrun.
     variant_run = tmp_path / "results" / "tiny" / "runs" / "dir-0.5-seed0-uniform"
     (variant_run / "metrics.json").unlink()
