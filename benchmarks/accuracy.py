@@ -357,6 +357,28 @@ def saved_table(out: Path, run_config: dict[str, Any]) -> tuple[dict[str, Any], 
     return {**run_config, "methods": ",".join(methods)}, saved.get("variants", {})
 
 
+def merge_variants(saved: Variants, new: Variants) -> Variants:
+    """The table's variant labels with this run's: one label, one setting.
+
+    A label run again with other ``methods`` covers both runs' methods; with any
+    other key changed it is refused, since its earlier rows were made without it.
+    """
+    merged = dict(saved)
+    for label, keys in new.items():
+        old = saved.get(label)
+        if old is None:
+            merged[label] = keys
+            continue
+        settings = {k: v for k, v in keys.items() if k != "methods"}
+        if settings != {k: v for k, v in old.items() if k != "methods"}:
+            raise ConfigError(f"--variant {label!r}: the table's rows of this label were made "
+                              f"with {old}, not {keys}; use another label")
+        methods = [m for m in str(old.get("methods", "")).split(",") if m]
+        methods += [m for m in str(keys.get("methods", "")).split(",") if m not in methods]
+        merged[label] = {**keys, "methods": ",".join(methods)} if methods else keys
+    return merged
+
+
 def free_folder(folder: Path) -> Path:
     """``folder``, or ``<folder>-run2`` (``-run3``, ...) if a run is already there."""
     n = 1
@@ -506,7 +528,7 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
     earlier = {(r["split"], r["seed"]): r
                for r in (previous_records(out, run_config) if append else [])}
     table_config, labels = saved_table(out, run_config) if earlier else (run_config, {})
-    labels = {**labels, **variants}
+    labels = merge_variants(labels, variants)
     order = [split_name(s) for s in sweep["splits"]]
     settings = resolved_settings(run_config)
     records: list[dict[str, Any]] = []

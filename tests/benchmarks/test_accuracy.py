@@ -12,6 +12,7 @@ from benchmarks.accuracy import (
     lead_table,
     load_sweep,
     main,
+    merge_variants,
     run_benchmark,
     seed_table,
     split_name,
@@ -241,6 +242,10 @@ def test_append_adds_a_method_on_the_same_uploads_and_refuses_other_uploads(tiny
     assert "fedavg (uniform)" in again[0]["results"]
     assert json.loads(results.read_text())["variants"] == {"uniform": {"weighting": "uniform"}}
     assert not (variant_run / "metrics.json").exists()
+    # A label already in the table cannot be given another setting.
+    with pytest.raises(ConfigError, match="'uniform'.*another label"):
+        run_benchmark(preset, overrides={"methods": "fedavg"}, append=True,
+                      variants={"uniform": {"weighting": "samples"}}, **kwargs)
 
     def tamper(change) -> None:
         saved = json.loads(results.read_text())
@@ -257,6 +262,18 @@ def test_append_adds_a_method_on_the_same_uploads_and_refuses_other_uploads(tiny
     tamper(lambda r: (r.pop("uploads-digest"), r["results"]["ensemble"].update(accuracy=0.0)))
     with pytest.raises(ConfigError, match="other uploads"):
         run_benchmark(preset, overrides={"methods": "fedavg"}, append=True, **kwargs)
+
+
+def test_a_variant_label_run_again_covers_both_runs_methods_and_keeps_its_setting():
+    saved = {"no prior": {"feature-stats": False, "methods": "fedmitr"}}
+    merged = merge_variants(saved, {"no prior": {"feature-stats": False,
+                                                 "methods": "deepinversion,fedmitr"}})
+    assert merged == {"no prior": {"feature-stats": False,
+                                   "methods": "fedmitr,deepinversion"}}
+    assert merge_variants(saved, {"late": {"prune-at": "0.6"}}) == {
+        **saved, "late": {"prune-at": "0.6"}}
+    with pytest.raises(ConfigError, match="'no prior'"):
+        merge_variants(saved, {"no prior": {"feature-stats": True, "methods": "fedmitr"}})
 
 
 def test_a_variant_reruns_the_server_on_the_same_uploads_as_extra_rows(tiny, tmp_path):
