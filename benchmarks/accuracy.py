@@ -357,11 +357,12 @@ def saved_table(out: Path, run_config: dict[str, Any]) -> tuple[dict[str, Any], 
     return {**run_config, "methods": ",".join(methods)}, saved.get("variants", {})
 
 
-def merge_variants(saved: Variants, new: Variants) -> Variants:
+def merge_variants(saved: Variants, new: Variants, run_methods: str = "") -> Variants:
     """The table's variant labels with this run's: one label, one setting.
 
-    A label run again with other ``methods`` covers both runs' methods; with any
-    other key changed it is refused, since its earlier rows were made without it.
+    A label run again with other ``methods`` (``run_methods`` where it names none)
+    covers both runs' methods; with any other key changed it is refused, since
+    its earlier rows were made without it.
     """
     merged = dict(saved)
     for label, keys in new.items():
@@ -374,7 +375,8 @@ def merge_variants(saved: Variants, new: Variants) -> Variants:
             raise ConfigError(f"--variant {label!r}: the table's rows of this label were made "
                               f"with {old}, not {keys}; use another label")
         methods = [m for m in str(old.get("methods", "")).split(",") if m]
-        methods += [m for m in str(keys.get("methods", "")).split(",") if m not in methods]
+        methods += [m for m in str(keys.get("methods", run_methods)).split(",")
+                    if m and m not in methods]
         merged[label] = {**keys, "methods": ",".join(methods)} if methods else keys
     return merged
 
@@ -528,7 +530,7 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
     earlier = {(r["split"], r["seed"]): r
                for r in (previous_records(out, run_config) if append else [])}
     table_config, labels = saved_table(out, run_config) if earlier else (run_config, {})
-    labels = merge_variants(labels, variants)
+    labels = merge_variants(labels, variants, ",".join(parse_config(run_config).server.methods))
     order = [split_name(s) for s in sweep["splits"]]
     settings = resolved_settings(run_config)
     records: list[dict[str, Any]] = []

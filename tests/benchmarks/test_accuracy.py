@@ -272,6 +272,9 @@ def test_a_variant_label_run_again_covers_both_runs_methods_and_keeps_its_settin
                                    "methods": "fedmitr,deepinversion"}}
     assert merge_variants(saved, {"late": {"prune-at": "0.6"}}) == {
         **saved, "late": {"prune-at": "0.6"}}
+    # A variant naming no methods ran the run's own.
+    assert merge_variants(saved, {"no prior": {"feature-stats": False}}, "fedftg")[
+        "no prior"]["methods"] == "fedmitr,fedftg"
     with pytest.raises(ConfigError, match="'no prior'"):
         merge_variants(saved, {"no prior": {"feature-stats": True, "methods": "fedmitr"}})
 
