@@ -236,7 +236,7 @@ def test_append_adds_a_method_on_the_same_uploads_and_refuses_other_uploads(tiny
     assert (added[0]["cached"], added[0]["client-seconds"]) == (False, first["client-seconds"])
     assert json.loads(results.read_text())["run-config"]["methods"] == "deepinversion,fedavg"
     # A later append without variants keeps their rows and what they were, unrun.
-    variant_run = tmp_path / "results" / "tiny" / "runs" / "dir-0.5-seed0-uniform"
+    variant_run = runs / "dir-0.5-seed0-uniform"
     (variant_run / "metrics.json").unlink()
     again = run_benchmark(preset, overrides={"methods": "fedavg"}, append=True, **kwargs)
     assert "fedavg (uniform)" in again[0]["results"]
