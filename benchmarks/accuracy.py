@@ -280,8 +280,15 @@ def resolved_settings(run_config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if k not in SWEPT_KEYS}
 
 
-def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The records already in ``out/results.json``, if made with the same settings.
+def saved_results(out: Path) -> dict[str, Any]:
+    """``out/results.json`` parsed, or ``{}`` if the folder has none yet."""
+    path = out / "results.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def previous_records(out: Path, saved: dict[str, Any],
+                     run_config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of ``saved`` (``out``'s results.json), if made with the same settings.
 
     The resolved settings are compared, defaults included, so a default that
     changed in the code since is caught; only ``methods`` (and what the sweep
@@ -290,10 +297,6 @@ def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, An
     folder does not name was added to the code since; it matches when the new run
     leaves it at its default (new keys default to the behaviour from before them).
     """
-    path = out / "results.json"
-    if not path.is_file():
-        return []
-    saved = json.loads(path.read_text(encoding="utf-8"))
     records = list(saved.get("records", []))
     old = saved.get("resolved-config")
     if old is None and records:
@@ -308,8 +311,9 @@ def previous_records(out: Path, run_config: dict[str, Any]) -> list[dict[str, An
                        if old.get(k, default.get(k)) != new.get(k))
     if differing:
         k = differing[0]
-        raise ConfigError(f"--append: {path} was made with other settings (key '{k}': "
-                          f"{old.get(k)!r} there, {new.get(k)!r} now); use another --tag")
+        raise ConfigError(f"--append: {out / 'results.json'} was made with other settings "
+                          f"(key '{k}': {old.get(k)!r} there, {new.get(k)!r} now); "
+                          "use another --tag")
     return records
 
 
@@ -345,16 +349,22 @@ def merge_record(kept: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             "results": {**kept["results"], **new["results"]}}
 
 
-def saved_table(out: Path, run_config: dict[str, Any]) -> tuple[dict[str, Any], Variants]:
-    """The run config and variants of the table ``out/results.json`` holds, with this run's.
+def method_union(first: str, then: str) -> str:
+    """The comma-separated methods of ``first``, then those of ``then`` not among them."""
+    methods = [m for m in first.split(",") if m]
+    return ",".join(methods + [m for m in then.split(",") if m and m not in methods])
+
+
+def saved_table(saved: dict[str, Any],
+                run_config: dict[str, Any]) -> tuple[dict[str, Any], Variants]:
+    """The run config and variants of the table ``saved`` (a results.json), with this run's.
 
     ``methods`` becomes every method the table has run (its own first, then this
     run's); variants keep their labels' definitions (kept across appends).
     """
-    saved = json.loads((out / "results.json").read_text(encoding="utf-8"))
-    methods = list(parse_config(saved.get("run-config", {})).server.methods)
-    methods += [m for m in parse_config(run_config).server.methods if m not in methods]
-    return {**run_config, "methods": ",".join(methods)}, saved.get("variants", {})
+    methods = method_union(",".join(parse_config(saved.get("run-config", {})).server.methods),
+                           ",".join(parse_config(run_config).server.methods))
+    return {**run_config, "methods": methods}, saved.get("variants", {})
 
 
 def merge_variants(saved: Variants, new: Variants, run_methods: str = "") -> Variants:
@@ -374,10 +384,9 @@ def merge_variants(saved: Variants, new: Variants, run_methods: str = "") -> Var
         if settings != {k: v for k, v in old.items() if k != "methods"}:
             raise ConfigError(f"--variant {label!r}: the table's rows of this label were made "
                               f"with {old}, not {keys}; use another label")
-        methods = [m for m in str(old.get("methods", "")).split(",") if m]
-        methods += [m for m in str(keys.get("methods", run_methods)).split(",")
-                    if m and m not in methods]
-        merged[label] = {**keys, "methods": ",".join(methods)} if methods else keys
+        methods = method_union(str(old.get("methods", "")),
+                               str(keys.get("methods", run_methods)))
+        merged[label] = {**keys, "methods": methods} if methods else keys
     return merged
 
 
@@ -527,9 +536,9 @@ def run_benchmark(preset: Path, *, seeds: list[int] | None = None,
     out = results_folder(results_root, preset, tag)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     chosen = [s for s in sweep["splits"] if not splits or split_name(s) in splits]
-    earlier = {(r["split"], r["seed"]): r
-               for r in (previous_records(out, run_config) if append else [])}
-    table_config, labels = saved_table(out, run_config) if earlier else (run_config, {})
+    saved = saved_results(out) if append else {}
+    earlier = {(r["split"], r["seed"]): r for r in previous_records(out, saved, run_config)}
+    table_config, labels = saved_table(saved, run_config) if earlier else (run_config, {})
     labels = merge_variants(labels, variants, ",".join(parse_config(run_config).server.methods))
     order = [split_name(s) for s in sweep["splits"]]
     settings = resolved_settings(run_config)
