@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.tables import markdown_table
+
 ROOT = Path(__file__).resolve().parents[1]
 PER_CLASS = 2
 
@@ -145,18 +147,6 @@ def end_to_end(num_clients: int, out: Path) -> dict[str, Any]:
     return record
 
 
-def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
-    head = "| " + " | ".join(c for c, _ in cols) + " |\n|" + "---|" * len(cols) + "\n"
-    lines = []
-    for r in rows:
-        cells = []
-        for _, key in cols:
-            v = r.get(key, "")
-            cells.append(f"{v:.3f}" if isinstance(v, float) else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return head + "\n".join(lines) + "\n"
-
-
 def step_cases(ks: list[int], steps_per_case: int) -> list[dict[str, Any]]:
     """Per K: the loop and vmap forms, then the faster one with ``teachers-per-class``."""
     steps: list[dict[str, Any]] = []
@@ -189,17 +179,17 @@ def write_report(out: Path, steps: list[dict[str, Any]], sparse_dense: list[dict
           f"`python -m benchmarks.scale {' '.join(sys.argv[1:])}` on {os.cpu_count()} CPUs "
           f"(device {steps[0].get('device', '?') if steps else '?'}).", "",
           "## One inversion step (forward + backward through the ensemble)", "",
-          _table(steps, [("K uploads", "k"), ("form", "form"),
+          markdown_table(steps, [("K uploads", "k"), ("form", "form"),
                          ("teachers-per-class", "teachers-per-class"),
                          ("teachers run", "teachers"), ("images", "batch"),
                          ("s / step", "seconds-per-step"), ("× vs loop", "vs-loop"),
                          ("peak RSS MB", "peak-rss-mb"), ("error", "error")]),
           "## Sparse vs dense inversion, equal iterations (K = 10)", "",
-          _table(sparse_dense, [("sparse", "sparse"), ("iterations", "steps"),
+          markdown_table(sparse_dense, [("sparse", "sparse"), ("iterations", "steps"),
                                 ("seconds", "seconds"), ("speed-up", "speed-up")]),
           "## End to end: `flwr run .` with K simulated SuperNodes, "
           f"teachers-per-class={PER_CLASS}", "",
-          _table(e2e, [("SuperNodes", "clients"), ("wall s", "wall-seconds"),
+          markdown_table(e2e, [("SuperNodes", "clients"), ("wall s", "wall-seconds"),
                        ("accepted", "accepted"), ("rejected", "rejected"),
                        ("failed", "failed"), ("ensemble teachers", "ensemble-teachers"),
                        ("server peak RSS MB", "server-peak-rss-mb"), ("exit", "exit-code")])]

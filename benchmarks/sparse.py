@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.tables import markdown_table
+
 ROOT = Path(__file__).resolve().parents[1]
 ARCHS = {"vit-tiny-32": ("vit-tiny", 32, 4), "vit-small-224": ("vit-small", 224, 16)}
 SCHEDULES = {"dense": None, "default": None,
@@ -94,7 +96,8 @@ def _setup(arch: str, teachers: int, schedule: str) -> Any:
     return cfg, inverter, device
 
 
-def _sync(device: Any) -> None:
+def sync_device(device: Any) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously), so a timer reads it."""
     import torch
 
     if device.type == "cuda":
@@ -111,10 +114,10 @@ def inversion_case(arch: str, schedule: str, teachers: int, batch: int, iteratio
     labels = torch.arange(batch) % 10
     rng = torch.Generator().manual_seed(0)
     make_inverter(1, sparse=False).synthesize(labels, rng)  # warm-up
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     pool = inverter.synthesize(labels, rng)
-    _sync(device)
+    sync_device(device)
     seconds = time.perf_counter() - start
     share = token_work(iterations, inverter.prune_steps, cfg.inversion.prune_ratio,
                        inverter.num_patches)
@@ -152,11 +155,11 @@ def student_case(arch: str, kept_tokens: int, batch: int, steps: int) -> dict[st
         opt.step()
 
     step()
-    _sync(device)
+    sync_device(device)
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    _sync(device)
+    sync_device(device)
     return {"arch": arch, "tokens": kept_tokens, "patches": n, "batch": batch,
             "seconds-per-step": (time.perf_counter() - start) / steps}
 
@@ -173,7 +176,7 @@ def memory_case(batch: int, teachers: int = 10) -> dict[str, Any]:
     start = time.perf_counter()
     labels, rng = torch.arange(batch) % 10, torch.Generator().manual_seed(0)
     make_inverter(1, sparse=False).synthesize(labels, rng)
-    _sync(device)
+    sync_device(device)
     out = {"teachers": teachers, "batch": batch, "seconds": time.perf_counter() - start,
            "peak-rss-mb": peak_rss_mb(), "device": str(device)}
     if device.type == "cuda":
@@ -272,13 +275,6 @@ def largest_batch(rows: list[dict[str, Any]], budget_gib: float = BUDGET_GIB
             "largest-batch": fits, "budget-gib": budget_gib}
 
 
-def _table(rows: list[dict[str, Any]], cols: list[tuple[str, str]]) -> str:
-    head = "| " + " | ".join(c for c, _ in cols) + " |\n|" + "---|" * len(cols) + "\n"
-    cells = [["" if r.get(k) is None else f"{r[k]:.3f}" if isinstance(r.get(k), float)
-              else str(r[k]) if k in r else "" for _, k in cols] for r in rows]
-    return head + "\n".join("| " + " | ".join(c) + " |" for c in cells) + "\n"
-
-
 def run(iterations: int, batch: int, teachers: int, memory_batches: list[int],
         student_steps: int = 3) -> dict[str, Any]:
     """Every case of the benchmark; the speed-ups filled in against dense."""
@@ -326,18 +322,18 @@ def write_report(out: Path, result: dict[str, Any]) -> str:
           f"device {device}. Schedules: `default` prunes 30 % at 30 % and 60 % of the "
           "iterations, `smi` 30 % at 50/100/200/300 of 2000 (SMI's).", "",
           "## Inverting one batch (every step plus the final labelling forwards)", "",
-          _table(result["inversion"], [
+          markdown_table(result["inversion"], [
               ("model", "arch"), ("patches", "patches"), ("schedule", "schedule"),
               ("teachers", "teachers"), ("images", "batch"), ("steps", "iterations"),
               ("tokens at end", "tokens-at-end"), ("s / step", "seconds-per-step"),
               ("s / image", "seconds-per-image"), ("speed-up", "speed-up"),
               ("token-count ideal", "token-ideal-speed-up"), ("error", "error")]),
           "## The student's training step on the kept tokens", "",
-          _table(result["student"], [
+          markdown_table(result["student"], [
               ("model", "arch"), ("tokens", "tokens"), ("of", "patches"), ("images", "batch"),
               ("s / step", "seconds-per-step"), ("speed-up", "speed-up"), ("error", "error")]),
           "## Memory: one inversion step through 10 ViT-Small teachers at 224 px", "",
-          _table(result["memory"], [
+          markdown_table(result["memory"], [
               ("images", "batch"), ("s / step", "seconds"), ("peak RSS MB", "peak-rss-mb"),
               ("peak CUDA MB", "peak-cuda-mb"), ("error", "error")]),
           f"Largest batch within {fit.get('budget-gib', BUDGET_GIB):g} GiB "
@@ -351,7 +347,7 @@ def write_report(out: Path, result: dict[str, Any]) -> str:
           "and DeepInversion, one split and seed); hours **estimated** at an assumed "
           f"sustained {' and '.join(f'{t:g}' for t in ASSUMED_TFLOPS)} TFLOP/s "
           "(10 % and 30 % of an H100's dense bf16 peak), not measured.", "",
-          _table(result.get("presets", []), [
+          markdown_table(result.get("presets", []), [
               ("preset", "preset"), ("model", "model"), ("px", "image-size"),
               ("patch", "patch-size"), ("teachers", "teachers"),
               ("GFLOP / image", "gflops-per-image"), ("token share", "token-share"),
