@@ -203,10 +203,11 @@ def measure_inversion(ensemble: TeacherEnsemble, cfg: FedMITRConfig, spec: DataS
     labels = torch.arange(batch) % spec.num_classes
     row: dict[str, Any] = {"case": case.name, "inversion": "sparse" if sparse else "dense",
                            "batch": batch, "steps": case.steps}
+    timed_inverter, counted_inverter = inverter(ensemble), inverter(_looped(ensemble))
     try:
-        pool, seconds = timed(lambda: inverter(ensemble).synthesize(
+        pool, seconds = timed(lambda: timed_inverter.synthesize(
             labels, torch.Generator().manual_seed(0)), ensemble.device)
-        flops = counted_flops(lambda: inverter(_looped(ensemble)).synthesize(
+        flops = counted_flops(lambda: counted_inverter.synthesize(
             labels, torch.Generator().manual_seed(0)))
     except torch.cuda.OutOfMemoryError as err:
         torch.cuda.empty_cache()
@@ -224,16 +225,16 @@ def measure_distillation(ensemble: TeacherEnsemble, cfg: FedMITRConfig, spec: Da
     loss = TokenRelabelLoss(d.kd_weight, d.hi_weight, d.lo_weight, d.temperature)
     setup = TrainingSetup(device=ensemble.device, precision="auto")
 
-    def train(ens: TeacherEnsemble) -> None:
+    def trainer(ens: TeacherEnsemble) -> Callable[[], None]:
         torch.manual_seed(0)
         student = StudentViT(build_vit(case.model, spec.num_classes, case.image_size,
-                                       spec.in_chans, case.patch_size))
+                                       spec.in_chans, case.patch_size)).to(ens.device)
         live = LiveRelabel(ens, d.live_mix, d.live_shift, d.temperature, d.kd_weight)
-        train_on_pool(student, pool, loss, d, setup, torch.Generator().manual_seed(0),
-                      "distillation", live)
+        return lambda: train_on_pool(student, pool, loss, d, setup,
+                                     torch.Generator().manual_seed(0), "distillation", live)
 
-    _, seconds = timed(lambda: train(ensemble), ensemble.device)
-    flops = counted_flops(lambda: train(_looped(ensemble)))
+    _, seconds = timed(trainer(ensemble), ensemble.device)
+    flops = counted_flops(trainer(_looped(ensemble)))
     seen = len(pool) * case.distill_epochs
     return {"case": case.name, "pool": len(pool), "epochs": case.distill_epochs,
             "seconds": seconds, "images-per-s": seen / seconds, "tflop": flops / 1e12,
