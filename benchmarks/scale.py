@@ -180,19 +180,20 @@ def write_report(out: Path, steps: list[dict[str, Any]], sparse_dense: list[dict
           f"(device {steps[0].get('device', '?') if steps else '?'}).", "",
           "## One inversion step (forward + backward through the ensemble)", "",
           markdown_table(steps, [("K uploads", "k"), ("form", "form"),
-                         ("teachers-per-class", "teachers-per-class"),
-                         ("teachers run", "teachers"), ("images", "batch"),
-                         ("s / step", "seconds-per-step"), ("× vs loop", "vs-loop"),
-                         ("peak RSS MB", "peak-rss-mb"), ("error", "error")]),
+                                 ("teachers-per-class", "teachers-per-class"),
+                                 ("teachers run", "teachers"), ("images", "batch"),
+                                 ("s / step", "seconds-per-step"), ("× vs loop", "vs-loop"),
+                                 ("peak RSS MB", "peak-rss-mb"), ("error", "error")]),
           "## Sparse vs dense inversion, equal iterations (K = 10)", "",
           markdown_table(sparse_dense, [("sparse", "sparse"), ("iterations", "steps"),
-                                ("seconds", "seconds"), ("speed-up", "speed-up")]),
+                                        ("seconds", "seconds"), ("speed-up", "speed-up")]),
           "## End to end: `flwr run .` with K simulated SuperNodes, "
           f"teachers-per-class={PER_CLASS}", "",
           markdown_table(e2e, [("SuperNodes", "clients"), ("wall s", "wall-seconds"),
-                       ("accepted", "accepted"), ("rejected", "rejected"),
-                       ("failed", "failed"), ("ensemble teachers", "ensemble-teachers"),
-                       ("server peak RSS MB", "server-peak-rss-mb"), ("exit", "exit-code")])]
+                               ("accepted", "accepted"), ("rejected", "rejected"),
+                               ("failed", "failed"), ("ensemble teachers", "ensemble-teachers"),
+                               ("server peak RSS MB", "server-peak-rss-mb"),
+                               ("exit", "exit-code")])]
     (out / "scale.md").write_text("\n".join(md))
     return "\n".join(md)
 
