@@ -188,22 +188,25 @@ def _looped(ensemble: TeacherEnsemble) -> TeacherEnsemble:
     return loop
 
 
+def make_inverter(ensemble: TeacherEnsemble, cfg: FedMITRConfig, spec: DataSpec, case: Case,
+                  sparse: bool) -> ModelInverter:
+    """The app's inverter over ``ensemble`` for ``case.steps`` steps, with the prior."""
+    return ModelInverter(ensemble, replace(cfg.inversion, inv_iterations=case.steps), spec,
+                         case.patch_size, sparse=sparse,
+                         label_temperature=cfg.distill.temperature, precision="auto",
+                         prior=synthesis_prior(ensemble, cfg.prior,
+                                               cfg.prior.feature_stats_weight))
+
+
 def measure_inversion(ensemble: TeacherEnsemble, cfg: FedMITRConfig, spec: DataSpec,
                       case: Case, sparse: bool, batch: int
                       ) -> tuple[dict[str, Any], SyntheticPool | None]:
     """One batch inverted, sparse or dense, with the prior: seconds, images/s, TFLOP/s."""
-    settings = replace(cfg.inversion, inv_iterations=case.steps)
-
-    def inverter(ens: TeacherEnsemble) -> ModelInverter:
-        return ModelInverter(ens, settings, spec, case.patch_size, sparse=sparse,
-                             label_temperature=cfg.distill.temperature, precision="auto",
-                             prior=synthesis_prior(ens, cfg.prior,
-                                                   cfg.prior.feature_stats_weight))
-
     labels = torch.arange(batch) % spec.num_classes
     row: dict[str, Any] = {"case": case.name, "inversion": "sparse" if sparse else "dense",
                            "batch": batch, "steps": case.steps}
-    timed_inverter, counted_inverter = inverter(ensemble), inverter(_looped(ensemble))
+    timed_inverter = make_inverter(ensemble, cfg, spec, case, sparse)
+    counted_inverter = make_inverter(_looped(ensemble), cfg, spec, case, sparse)
     try:
         pool, seconds = timed(lambda: timed_inverter.synthesize(
             labels, torch.Generator().manual_seed(0)), ensemble.device)
@@ -247,8 +250,9 @@ def run_case(case: Case, device: torch.device) -> dict[str, Any]:
                         "patch-size": case.patch_size})
     teachers, spec = make_teachers(case, cfg, device)
     ensemble = TeacherEnsemble(teachers, "class", "auto", device)
-    warm = replace(case, steps=1)
-    measure_inversion(ensemble, cfg, spec, warm, sparse=False, batch=min(case.batches))
+    warm_up = make_inverter(ensemble, cfg, spec, replace(case, steps=1), sparse=False)
+    warm_up.synthesize(torch.arange(min(case.batches)) % spec.num_classes,
+                       torch.Generator().manual_seed(0))
     inversion, pools = [], {}
     for batch in case.batches:
         for sparse in (True, False):
