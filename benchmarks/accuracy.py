@@ -113,7 +113,7 @@ def _by_split(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _method_table(by_split: dict[str, list[dict[str, Any]]], heads: list[str],
-                  cell: Callable[[list[float | None]], str], metric: str) -> str:
+                  cell: Callable[[list[Any]], str], metric: str) -> str:
     """Markdown: one row per method, one column per split of ``by_split`` (``heads``).
 
     Each cell is ``cell`` of the method's ``metric`` on that split's records, in seed order.
@@ -158,6 +158,29 @@ def seed_table(records: list[dict[str, Any]], metric: str = "accuracy") -> str:
         return " / ".join(f"{100 * v:.1f}" if v is not None else "-" for v in values)
 
     return _method_table(by_split, heads, cell, metric)
+
+
+def seconds_table(records: list[dict[str, Any]]) -> str:
+    """Markdown: rows methods, columns splits, cells mean server seconds over seeds.
+
+    Each cell is ``wall / CPU``: wall-clock seconds grow when other runs share the
+    cores, the process's CPU seconds do not, so the CPU figure is the one to
+    compare across methods, tables and machines of one kind. ``-`` where a record
+    has none (records made before CPU seconds were kept).
+    """
+    timed = [{**r, "results": {m: {"time": (v.get("seconds"), v.get("cpu-seconds"))}
+                               for m, v in r["results"].items()}} for r in records]
+
+    def mean(values: list[float | None]) -> str:
+        present = [v for v in values if v is not None]
+        return f"{np.mean(present):.0f}" if present else "-"
+
+    def cell(times: list[tuple[float | None, float | None] | None]) -> str:
+        pairs = [t if t is not None else (None, None) for t in times]
+        return f"{mean([w for w, _ in pairs])} / {mean([c for _, c in pairs])}"
+
+    by_split = _by_split(timed)
+    return _method_table(by_split, list(by_split), cell, "time")
 
 
 def lead_table(records: list[dict[str, Any]], method: str = "fedmitr",
@@ -475,7 +498,10 @@ def _run_pairs(pairs: list[tuple[dict[str, Any], int]], run_config: dict[str, An
 
 
 def write_tables(records: list[dict[str, Any]], out: Path) -> None:
-    """Write ``table.md``, ``seeds.md``, ``val_table.md``, ``leads.md`` and the pictures.
+    """Write the tables and pictures of ``records`` to ``out``.
+
+    The tables: ``table.md``, ``seeds.md``, ``val_table.md``, ``seconds.md`` and,
+    with FedMITR in the records, ``leads.md``.
 
     The pictures: ``accuracy.png`` and, with ``fedavg-rounds``, ``rounds.png``.
 
@@ -485,6 +511,7 @@ def write_tables(records: list[dict[str, Any]], out: Path) -> None:
     (out / "seeds.md").write_text(seed_table(records) + "\n", encoding="utf-8")
     (out / "val_table.md").write_text(summary_table(records, "val-accuracy") + "\n",
                                       encoding="utf-8")
+    (out / "seconds.md").write_text(seconds_table(records) + "\n", encoding="utf-8")
     if any("fedmitr" in r["results"] for r in records):
         (out / "leads.md").write_text(lead_table(records) + "\n", encoding="utf-8")
     plot_accuracy(records, out / "accuracy.png")

@@ -16,6 +16,7 @@ from fedmitr_core.distill.trainer import TrainingSetup
 from fedmitr_core.models.student import StudentViT
 from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.progress import Emit
+from fedmitr_core.runtime import Seconds
 from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet
 from fedmitr_core.server.state import CHECKPOINT_FILE
 from fedmitr_core.synthesis.pool import SyntheticPool
@@ -88,7 +89,7 @@ class MethodResult:
     pool: SyntheticPool | None = None
     details: dict[str, Any] = field(default_factory=dict)
     pool_file: Path | None = None
-    reused_seconds: float = 0.0
+    reused_seconds: Seconds = Seconds()
 
 
 ServerMethod = Callable[[ServerContext], MethodResult]

@@ -6,8 +6,6 @@ student trains with; the pieces (inverter, loss, the student trainer) are shared
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from fedmitr_core.distill.losses import TokenRelabelLoss
@@ -20,6 +18,7 @@ from fedmitr_core.methods.base import (
     training_setup,
 )
 from fedmitr_core.models.evaluate import predict_logits
+from fedmitr_core.runtime import Seconds, Stopwatch
 from fedmitr_core.server.state import load_pool, save_pool
 from fedmitr_core.synthesis.inversion import ModelInverter
 from fedmitr_core.synthesis.pool import SyntheticPool
@@ -27,7 +26,7 @@ from fedmitr_core.synthesis.prior import synthesis_prior
 
 
 def inversion_pool(ctx: ServerContext, name: str, sparse: bool, rng: torch.Generator
-                   ) -> tuple[SyntheticPool, float]:
+                   ) -> tuple[SyntheticPool, Seconds]:
     """The pool method ``name`` distils from, and the seconds an earlier method spent on it.
 
     Read back when a method that shares it (``POOLS``) made it; inverted otherwise.
@@ -37,9 +36,9 @@ def inversion_pool(ctx: ServerContext, name: str, sparse: bool, rng: torch.Gener
         pool, reused = load_pool(pool_file, rng)
         if ctx.emit is not None:
             ctx.emit(f"{name}: synthetic pool of {len(pool)} images read from {pool_file} "
-                     f"(made in {reused:.1f} s)")
+                     f"(made in {reused.wall:.1f} s)")
         return pool, reused
-    start = time.perf_counter()
+    watch = Stopwatch()
     cfg = ctx.cfg
     inverter = ModelInverter(ctx.ensemble, cfg.inversion, ctx.spec, cfg.model.patch_size,
                              sparse=sparse, label_temperature=cfg.distill.temperature,
@@ -51,8 +50,8 @@ def inversion_pool(ctx: ServerContext, name: str, sparse: bool, rng: torch.Gener
                                     ctx.spec.num_classes, rng,
                                     label=f"{name}: {kind} inversion step", emit=ctx.emit)
     if pool_file is not None:
-        save_pool(pool_file, pool, rng, time.perf_counter() - start)
-    return pool, 0.0
+        save_pool(pool_file, pool, rng, watch.elapsed())
+    return pool, Seconds()
 
 
 def inversion_distillation(name: str, sparse: bool, token_relabel: bool) -> ServerMethod:

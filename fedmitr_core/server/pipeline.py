@@ -30,7 +30,14 @@ from fedmitr_core.models.evaluate import accuracy
 from fedmitr_core.models.vit import vit_factory
 from fedmitr_core.privacy.audit import audit_clients, audit_state
 from fedmitr_core.progress import Emit
-from fedmitr_core.runtime import NonFiniteLossError, resolve_device, set_seed, uses_bf16
+from fedmitr_core.runtime import (
+    NonFiniteLossError,
+    Seconds,
+    Stopwatch,
+    resolve_device,
+    set_seed,
+    uses_bf16,
+)
 from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet, select_teachers
 from fedmitr_core.server.reports import (
     plot_label_distribution,
@@ -231,11 +238,16 @@ def token_stats_note(record: dict[str, Any]) -> str:
     return line
 
 
-def score(model: Any, data: DatasetSplits, device: torch.device, seconds: float,
+def score(model: Any, data: DatasetSplits, device: torch.device, seconds: Seconds,
           **details: Any) -> dict[str, Any]:
-    """Test and validation accuracy of ``model``, with its seconds and details."""
+    """Test and validation accuracy of ``model``, with its wall and CPU seconds and details."""
     return {"accuracy": accuracy(model, data.test, device),
-            "val-accuracy": accuracy(model, data.val, device), "seconds": seconds, **details}
+            "val-accuracy": accuracy(model, data.val, device), **timing(seconds), **details}
+
+
+def timing(seconds: Seconds) -> dict[str, float]:
+    """The ``seconds`` (wall clock) and ``cpu-seconds`` entries of a result."""
+    return {"seconds": seconds.wall, "cpu-seconds": seconds.cpu}
 
 
 def run_methods(ctx: ServerContext, data: DatasetSplits
@@ -253,19 +265,19 @@ def run_methods(ctx: ServerContext, data: DatasetSplits
     for name in ctx.cfg.server.methods:
         if name in ROUND_METHODS:
             continue  # more rounds with the clients: the ServerApp runs it afterwards
-        start = time.perf_counter()
+        watch = Stopwatch()
         try:
             model, seconds, details, pool = _finished_or_run(ctx, name, log)
             if not finite_weights(model):
                 raise NonFiniteLossError("the distilled model has NaN or Inf weights")
         except NonFiniteLossError as err:
             results[name] = {"accuracy": None, "val-accuracy": None,
-                             "seconds": time.perf_counter() - start, "error": str(err)}
+                             **timing(watch.elapsed()), "error": str(err)}
             log(f"method '{name}' FAILED: {err}")
             continue
         results[name] = score(model.to(ctx.device), data, ctx.device, seconds, **details)
         log(f"method '{name}': test accuracy {100 * results[name]['accuracy']:.2f} % "
-            f"in {seconds:.1f} s")
+            f"in {seconds.wall:.1f} s ({seconds.cpu:.1f} CPU s)")
         if global_model is None:
             global_model = model
             if name != ctx.cfg.server.methods[0]:
@@ -282,7 +294,7 @@ def finite_weights(model: nn.Module) -> bool:
 
 
 def _finished_or_run(ctx: ServerContext, name: str, log: Emit
-                     ) -> tuple[nn.Module, float, dict[str, Any], SyntheticPool | None]:
+                     ) -> tuple[nn.Module, Seconds, dict[str, Any], SyntheticPool | None]:
     """Method ``name``'s model, seconds, details and pool: read back if it finished, else run."""
     folder = ctx.method_state(name)
     assert folder is not None and ctx.state_dir is not None
@@ -293,33 +305,34 @@ def _finished_or_run(ctx: ServerContext, name: str, log: Emit
         pool = (load_pool(pool_file, torch.Generator())[0]
                 if pool_file is not None and pool_file.is_file() else None)
         log(f"method '{name}': finished before the restart, read from {folder}")
-        return model, float(saved["seconds"]), saved["details"], pool
+        # a result saved before CPU seconds were kept reads as 0 CPU seconds
+        seconds = Seconds(float(saved["seconds"]), float(saved.get("cpu-seconds", 0.0)))
+        return model, seconds, saved["details"], pool
     log(f"method '{name}': start")
-    start = time.perf_counter()
+    watch = Stopwatch()
     out = METHODS[name](ctx)
-    seconds = time.perf_counter() - start + out.reused_seconds
+    seconds = watch.elapsed() + out.reused_seconds
     pool_name = str(out.pool_file.relative_to(ctx.state_dir)) if out.pool_file else None
-    save_method_result(folder, out.model, {"seconds": seconds, "details": out.details,
+    save_method_result(folder, out.model, {**timing(seconds), "details": out.details,
                                            "pool": pool_name})
     return out.model, seconds, out.details, out.pool
 
 
 def add_references(ctx: ServerContext, data: DatasetSplits, results: Results) -> None:
     """The references beside the methods: the ensemble, one-shot FedAvg, the local models."""
-    start = time.perf_counter()
-    ens = score(lambda x: ctx.ensemble.predict(x), data, ctx.device, 0.0)
-    ens["seconds"] = time.perf_counter() - start
-    results["ensemble"] = ens
+    watch = Stopwatch()
+    ens = score(lambda x: ctx.ensemble.predict(x), data, ctx.device, Seconds())
+    results["ensemble"] = {**ens, **timing(watch.elapsed())}  # its seconds: scoring it
     if "fedavg" not in results:
-        start = time.perf_counter()
+        watch = Stopwatch()
         fedavg = METHODS["fedavg"](ctx).model.to(ctx.device)
-        results["fedavg"] = score(fedavg, data, ctx.device, time.perf_counter() - start)
-    local = [score(m.to(ctx.device).eval(), data, ctx.device, 0.0)
+        results["fedavg"] = score(fedavg, data, ctx.device, watch.elapsed())
+    local = [score(m.to(ctx.device).eval(), data, ctx.device, Seconds())
              for m in ctx.teachers.models]
     results["local-mean"] = {
         "accuracy": float(np.mean([r["accuracy"] for r in local])),
         "val-accuracy": float(np.mean([r["val-accuracy"] for r in local])),
-        "seconds": 0.0,
+        **timing(Seconds()),
     }
 
 

@@ -15,17 +15,22 @@ from fedmitr_core.synthesis.pool import SyntheticPool
 
 
 def results_table(results: dict[str, dict[str, Any]]) -> str:
-    """A markdown table: one row per method or reference."""
-    lines = ["| method | test accuracy | val accuracy | server seconds |",
-             "|---|---|---|---|"]
+    """A markdown table: one row per method or reference.
+
+    ``server seconds`` is wall-clock time, ``CPU seconds`` the server process's
+    CPU time (``-`` where the work ran elsewhere, as in ``fedavg-rounds``).
+    """
+    lines = ["| method | test accuracy | val accuracy | server seconds | CPU seconds |",
+             "|---|---|---|---|---|"]
     for name, r in results.items():
+        cpu = r.get("cpu-seconds")
+        times = f"{r['seconds']:.1f} | " + (f"{cpu:.1f}" if cpu is not None else "-")
         if "error" in r:
-            lines.append(f"| {name} | failed | - | {r['seconds']:.1f} |")
+            lines.append(f"| {name} | failed | - | {times} |")
             continue
         val = r.get("val-accuracy")
         val_s = f"{100 * val:.2f} %" if isinstance(val, float) else "-"
-        lines.append(f"| {name} | {100 * r['accuracy']:.2f} % | {val_s} | "
-                     f"{r['seconds']:.1f} |")
+        lines.append(f"| {name} | {100 * r['accuracy']:.2f} % | {val_s} | {times} |")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from fedmitr_core.runtime import Seconds
 from fedmitr_core.synthesis.pool import SyntheticPool
 
 CHECKPOINT_FILE = "distill.pt"
@@ -38,23 +39,27 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     os.replace(tmp, path)
 
 
-def save_pool(path: Path, pool: SyntheticPool, rng: torch.Generator, seconds: float = 0.0
-              ) -> None:
+def save_pool(path: Path, pool: SyntheticPool, rng: torch.Generator,
+              seconds: Seconds | None = None) -> None:
     """A pool, the random state right after it was made and the seconds it took."""
+    seconds = seconds or Seconds()
     tensors = {k: v.contiguous() for k, v in pool.tensors().items()}
     tensors["rng_state"] = rng.get_state()
-    tensors["seconds"] = torch.tensor(float(seconds), dtype=torch.float64)
+    tensors["seconds"] = torch.tensor(seconds.wall, dtype=torch.float64)
+    tensors["cpu_seconds"] = torch.tensor(seconds.cpu, dtype=torch.float64)
     atomic_write(path, lambda p: save_file(tensors, str(p)))
 
 
-def load_pool(path: Path, rng: torch.Generator) -> tuple[SyntheticPool, float]:
+def load_pool(path: Path, rng: torch.Generator) -> tuple[SyntheticPool, Seconds]:
     """The pool saved at ``path`` and the seconds it took to make.
 
-    ``rng`` is set to the random state saved with it.
+    ``rng`` is set to the random state saved with it. A pool saved before CPU
+    seconds were kept reads as 0 CPU seconds.
     """
     tensors = load_file(str(path))
     rng.set_state(tensors.pop("rng_state"))
-    seconds = float(tensors.pop("seconds", torch.tensor(0.0)))
+    zero = torch.tensor(0.0)
+    seconds = Seconds(float(tensors.pop("seconds", zero)), float(tensors.pop("cpu_seconds", zero)))
     return SyntheticPool(**{f.name: tensors[f.name] for f in fields(SyntheticPool)}), seconds
 
 

@@ -47,7 +47,9 @@ def test_one_round_rejects_a_bad_upload_keeps_the_others(initial_arrays, tiny_ru
     assert metrics["token-stats"]["prior"] and len(metrics["token-stats"]["with"]) == 2
     assert {"fedmitr", "ensemble", "fedavg", "local-mean"} <= set(metrics["results"])
     for r in metrics["results"].values():
-        assert 0.0 <= r["accuracy"] <= 1.0 and r["seconds"] >= 0.0
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["seconds"] >= 0.0 and r["cpu-seconds"] >= 0.0
+    assert metrics["results"]["fedmitr"]["cpu-seconds"] > 0.0
+    assert "| CPU seconds |" in (run_dir / "report.md").read_text()
     for name in ("global_model.safetensors", "config.yaml", "report.md",
                  "synthetic_grid.png", "label_distribution.png"):
         assert (run_dir / name).is_file(), name

@@ -14,6 +14,7 @@ from benchmarks.accuracy import (
     main,
     merge_variants,
     run_benchmark,
+    seconds_table,
     seed_table,
     split_name,
     summary_table,
@@ -116,6 +117,18 @@ def test_seed_table_lines_up_every_seed_in_seed_order():
     assert "| method | dir-0.1, seeds 0 / 1 |" in table
     assert "| m | 20.0 / 40.0 |" in table
     assert "| n | 50.0 / - |" in table
+
+
+def test_seconds_table_gives_mean_wall_and_cpu_seconds_and_marks_what_is_missing():
+    records = [{"split": "dir-0.1", "seed": 0,
+                "results": {"m": {"seconds": 10.0, "cpu-seconds": 8.0},
+                            "old": {"seconds": 5.0}}},
+               {"split": "dir-0.1", "seed": 1,
+                "results": {"m": {"seconds": 30.0, "cpu-seconds": 12.0}}}]
+    table = seconds_table(records)
+    assert "| method | dir-0.1 |" in table
+    assert "| m | 20 / 10 |" in table
+    assert "| old | 5 / - |" in table
 
 
 def test_lead_table_compares_fedmitr_with_each_baseline_seed_by_seed():
@@ -317,5 +330,6 @@ def test_tables_only_rewrites_the_tables_from_results_json(tmp_path):
     assert "| m | 30.00 ± 10.00 |" in (out / "table.md").read_text()
     assert "| m | 20.0 / 40.0 |" in (out / "seeds.md").read_text()
     assert "| m | 15.00 ± 5.00 |" in (out / "val_table.md").read_text()
+    assert "| m | - / - |" in (out / "seconds.md").read_text()  # these records have no time
     assert not (out / "leads.md").exists()  # no fedmitr to compare
     assert not (out / "runs").exists()  # nothing ran
