@@ -54,7 +54,7 @@ from fedmitr_core.distill.trainer import LiveRelabel, TrainingSetup, train_on_po
 from fedmitr_core.models.student import StudentViT
 from fedmitr_core.models.token_stats import token_statistics
 from fedmitr_core.models.vit import build_vit
-from fedmitr_core.runtime import autocast
+from fedmitr_core.runtime import autocast, resolve_device
 from fedmitr_core.server.ensemble import TeacherEnsemble, TeacherSet
 from fedmitr_core.synthesis.inversion import ModelInverter
 from fedmitr_core.synthesis.pool import SyntheticPool
@@ -367,8 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA if there), cuda or cpu")
     parser.add_argument("--quick", action="store_true", help="micro ViTs, a few steps")
     args = parser.parse_args(argv)
-    wanted = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
-    device = torch.device("cpu" if wanted == "auto" else wanted)
+    device = resolve_device(args.device)
     cases = []
     for case in QUICK_CASES if args.quick else CASES:
         start = time.perf_counter()
